@@ -1,0 +1,161 @@
+"""The grouped product quantizer of FedLite (Wang et al., section 3.1).
+
+A batch of activations Z (B, d) is cut into q subvectors of s = d/q dimensions each. Subvector
+positions are stacked into R groups: group r holds positions r*q/R ... (r+1)*q/R - 1 of every
+row, i.e. N = B*q/R points of s dimensions. Each group is clustered into L centroids; the
+codebook is (R, L, s) and each subvector is sent as the index of its nearest centroid, giving
+codewords (B, q). Special cases: q = 1 is plain k-means on whole rows; R = q is vanilla product
+quantization (one codebook per position); R = 1 shares one codebook across all positions.
+
+Message size (paper): phi*d*R*L/q + B*q*log2(L) bits against phi*d*B for the raw batch.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from shared.kmeans import InitMethod, batched_kmeans
+
+__all__ = ["PQConfig", "PQCode", "GroupedProductQuantizer", "MAX_CENTROIDS", "relative_error"]
+
+# Codewords travel as at most 16-bit integers (see shared/bitpack.py).
+MAX_CENTROIDS = 1 << 16
+
+
+@dataclass(frozen=True)
+class PQConfig:
+    """Hyper-parameters of the grouped product quantizer."""
+
+    q: int  # subvectors per activation row; must divide d
+    L: int  # centroids per group (codewords carry ceil(log2 L) bits)
+    R: int = 1  # groups of subvector positions sharing a codebook; must divide q
+    iterations: int = 10  # Lloyd iteration budget per batch (early stop when settled)
+    init: InitMethod = "kmeans++"  # centroid seeding
+    max_points_per_centroid: int | None = None  # train on a subsample (faiss uses 256)
+
+    def validate(self, d: int) -> None:
+        """Raise ValueError with a precise message if this config cannot quantize width d."""
+        if d < 1:
+            raise ValueError(f"activation width d must be >= 1, got {d}")
+        if self.q < 1:
+            raise ValueError(f"q (subvectors per row) must be >= 1, got {self.q}")
+        if d % self.q != 0:
+            raise ValueError(f"q={self.q} must divide d={d} (subvectors of equal size d/q)")
+        if self.R < 1:
+            raise ValueError(f"R (groups) must be >= 1, got {self.R}")
+        if self.q % self.R != 0:
+            raise ValueError(f"R={self.R} must divide q={self.q} (equal-size groups)")
+        if not 1 <= self.L <= MAX_CENTROIDS:
+            raise ValueError(
+                f"L (centroids per group) must be in [1, {MAX_CENTROIDS}], got {self.L}"
+            )
+        if self.iterations < 0:
+            raise ValueError(f"iterations must be >= 0, got {self.iterations}")
+        if self.max_points_per_centroid is not None and self.max_points_per_centroid < 1:
+            raise ValueError(
+                f"max_points_per_centroid must be >= 1 or None, got {self.max_points_per_centroid}"
+            )
+
+
+@dataclass(frozen=True)
+class PQCode:
+    """One quantized batch: what party A sends.
+
+    codebook:  (R, L, s) float32 centroids, s = d/q
+    codewords: (B, q) int64, codewords[b, j] indexes the codebook of group j // (q/R)
+    """
+
+    codebook: Tensor
+    codewords: Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.codewords.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.codewords.shape[1] * self.codebook.shape[2])
+
+
+class GroupedProductQuantizer:
+    """Quantizes (B, d) activation batches with a fresh codebook per batch.
+
+    The codebook is rebuilt for every batch, as in the paper: codebooks from earlier batches
+    would be stale. Output is a pure function of (z, seed).
+    """
+
+    def __init__(self, d: int, config: PQConfig) -> None:
+        config.validate(d)
+        self.d = d
+        self.config = config
+        self.sub_dim = d // config.q  # s
+        self.positions_per_group = config.q // config.R  # q/R
+        # Row offset of each position's group inside the flattened (R*L, s) codebook.
+        group_of_position = torch.arange(config.q) // self.positions_per_group  # (q,)
+        self._codebook_offset = group_of_position * config.L  # (q,)
+
+    def group_points(self, z: Tensor) -> Tensor:
+        """Rearrange (B, d) into the R groups of subvectors: (R, B*q/R, s)."""
+        b = z.shape[0]
+        cfg = self.config
+        grouped = z.reshape(b, cfg.R, self.positions_per_group, self.sub_dim)  # (b, r, q/r, s)
+        return grouped.transpose(0, 1).reshape(cfg.R, b * self.positions_per_group, self.sub_dim)
+
+    def encode(self, z: Tensor, *, seed: int, initial_codebook: Tensor | None = None) -> PQCode:
+        """Cluster every group and return the codebook and codewords of z (B, d).
+
+        ``initial_codebook`` (R, L, s) replaces the seeded init (warm start / oracle tests).
+        """
+        self._check_batch(z)
+        b = z.shape[0]
+        cfg = self.config
+        points = self.group_points(z.detach().to(torch.float32))  # (r, b*q/r, s)
+        result = batched_kmeans(
+            points,
+            cfg.L,
+            iterations=cfg.iterations,
+            seed=seed,
+            init=cfg.init,
+            max_points_per_centroid=cfg.max_points_per_centroid,
+            initial_centroids=initial_codebook,
+        )
+        # assignments (r, b*q/r) -> (b, r, q/r) -> (b, q), position-major within each row
+        codewords = (
+            result.assignments.reshape(cfg.R, b, self.positions_per_group)
+            .transpose(0, 1)
+            .reshape(b, cfg.q)
+        )
+        return PQCode(codebook=result.centroids, codewords=codewords)
+
+    def decode(self, code: PQCode) -> Tensor:
+        """Rebuild Z~ (B, d) float32 from a codebook (R, L, s) and codewords (B, q)."""
+        cfg = self.config
+        expected = (cfg.R, cfg.L, self.sub_dim)
+        if tuple(code.codebook.shape) != expected:
+            raise ValueError(f"codebook shape {tuple(code.codebook.shape)} != {expected}")
+        if code.codewords.ndim != 2 or code.codewords.shape[1] != cfg.q:
+            raise ValueError(f"codewords must be (B, {cfg.q}), got {tuple(code.codewords.shape)}")
+        flat_codebook = code.codebook.reshape(cfg.R * cfg.L, self.sub_dim)
+        rows = code.codewords.to(torch.int64) + self._codebook_offset  # (b, q)
+        return torch.nn.functional.embedding(rows, flat_codebook).reshape(-1, self.d)
+
+    def quantize(self, z: Tensor, *, seed: int) -> tuple[PQCode, Tensor]:
+        """Encode z and decode it again: returns the code and Z~ (B, d)."""
+        code = self.encode(z, seed=seed)
+        return code, self.decode(code)
+
+    def _check_batch(self, z: Tensor) -> None:
+        if z.ndim != 2 or z.shape[1] != self.d:
+            raise ValueError(f"activations must be (B, {self.d}), got {tuple(z.shape)}")
+        if z.shape[0] < 1:
+            raise ValueError("cannot quantize an empty batch")
+        if not bool(torch.isfinite(z).all()):
+            raise ValueError("activations contain NaN or Inf; refusing to quantize")
+
+
+def relative_error(z: Tensor, z_tilde: Tensor) -> float:
+    """Quantization error ||Z - Z~||^2 / ||Z||^2 (dimensionless)."""
+    num = float(((z - z_tilde) ** 2).sum())
+    den = float((z**2).sum())
+    return num / den if den > 0 else (0.0 if num == 0 else float("inf"))
