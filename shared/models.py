@@ -31,12 +31,14 @@ from torch import Tensor, nn
 
 __all__ = [
     "MODEL_NAMES",
+    "SeededDropout",
     "Task",
     "TopModel",
     "build_bottom",
     "build_top",
     "bottom_kwargs",
     "cut_dim",
+    "seed_dropout",
     "task",
     "top_kwargs",
 ]
@@ -55,6 +57,37 @@ KwargValue = int | list[int]
 # ---------------------------------------------------------------------------------------------
 # Top base class: one place that checks what arrives from the wire
 # ---------------------------------------------------------------------------------------------
+
+
+class SeededDropout(nn.Module):
+    """Dropout that draws its mask from a per-module generator when one is set.
+
+    torch's global RNG is shared by every thread of a process, so a server training several
+    runs at once cannot make nn.Dropout reproducible. A trainer calls :func:`seed_dropout`
+    before each step with a seed derived from (run seed, step): a replayed or resumed step
+    then draws the identical mask. Without a generator it behaves exactly like nn.Dropout.
+    """
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p = p
+        self.generator: torch.Generator | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if self.generator is None:
+            return nn.functional.dropout(x, self.p, training=True)
+        keep = torch.empty_like(x).bernoulli_(1.0 - self.p, generator=self.generator)
+        return x * keep / (1.0 - self.p)
+
+
+def seed_dropout(module: nn.Module, seed: int) -> None:
+    """Give every SeededDropout inside ``module`` its own generator, derived from ``seed``."""
+    for index, child in enumerate(m for m in module.modules() if isinstance(m, SeededDropout)):
+        child.generator = torch.Generator().manual_seed((seed + index) % (1 << 63))
 
 
 class TopModel(nn.Module):
@@ -125,7 +158,7 @@ class FemnistBottom(nn.Module):
             nn.Conv2d(32, 64, kernel_size=3),  # (b, 64, 24, 24)
             nn.ReLU(),
             nn.MaxPool2d(2),  # (b, 64, 12, 12)
-            nn.Dropout(0.25),
+            SeededDropout(0.25),
             nn.Flatten(),  # (b, 9216)
         )
 
@@ -145,7 +178,7 @@ def _femnist_top(cut_dim: int, num_classes: int) -> TopModel:
     net = nn.Sequential(
         nn.Linear(cut_dim, 128),  # (b, 128)
         nn.ReLU(),
-        nn.Dropout(0.5),
+        SeededDropout(0.5),
         nn.Linear(128, num_classes),  # (b, num_classes)
     )
     return _SequentialTop(cut_dim, net)
