@@ -1,9 +1,11 @@
 """Wire codec: msgpack ``encode_*`` / ``decode_*`` pairs for every message between the parties.
 
-Party A sends the cut-layer activations of a batch (a product-quantization codebook plus
-bit-packed codewords, or raw floats for the SplitFed baseline); party B answers with the
-loss and the gradient w.r.t. the activations it dequantized. docs/PROTOCOL.md describes the
-bytes field by field; this module is its reference implementation.
+Party A sends cut-layer activations as one or more chunks of rows, each chunk quantized on
+its own (a product-quantization codebook plus bit-packed codewords, or raw floats for the
+SplitFed baseline); party B answers with the loss and the gradient w.r.t. the activations it
+dequantized, one gradient row per activation row, chunks concatenated in order.
+docs/PROTOCOL.md describes the bytes field by field; this module is its reference
+implementation.
 
 Every message is one msgpack map carrying the wire version (``"v"``) and a type tag
 (``"t"``). Arrays travel as msgpack ``bin`` holding little-endian IEEE floats, with their
@@ -30,7 +32,7 @@ import operator
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
 import msgpack
 import numpy as np
@@ -53,6 +55,7 @@ __all__ = [
     "StepRequest",
     "StepResponse",
     "WireFloat",
+    "chunk_rows",
     "decode_evaluate_request",
     "decode_evaluate_response",
     "decode_predict_request",
@@ -106,15 +109,16 @@ class DecodeLimits:
     bytes for any B x q), so the limits bound the decoded size, not the message size.
     """
 
-    max_batch: int = 65_536  # B (rows of activations / gradient) and n (rows of scores)
+    max_batch: int = 65_536  # rows: of a request (summed over its chunks), a gradient, scores
     max_dim: int = 1_048_576  # d: width of one activation row
     max_q: int = 65_536  # q: sub-vectors per row
-    max_groups: int = 65_536  # R: codebooks per message
+    max_groups: int = 65_536  # R: codebooks per chunk
     max_L: int = 65_536  # L: codewords per codebook; 65536 is the 16-bit bitpack maximum
     max_classes: int = 1_048_576  # C: scores per row of a prediction
-    max_elements: int = 64 * 2**20  # elements of any one array: B*d, R*L*(d/q), n*C
+    max_elements: int = 64 * 2**20  # elements of one array: rows*d, R*L*(d/q), n*C
     max_str_bytes: int = 256  # UTF-8 bytes of any string: ids, metric names, tags
     max_metrics: int = 64  # entries of a metrics map
+    max_chunks: int = 4096  # independently quantized chunks of one request
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -210,18 +214,51 @@ class RawActivations:
 Activations: TypeAlias = PQActivations | RawActivations
 
 
+def chunk_rows(chunks: Sequence[Activations]) -> list[int]:
+    """Rows ``B`` of each chunk, in order.
+
+    A StepResponse's ``(rows, d)`` gradient holds the chunks' rows concatenated in order, so
+    ``np.split(grad, np.cumsum(chunk_rows(chunks))[:-1])`` gives one ``(B, d)`` block per chunk.
+    """
+    return [chunk.B for chunk in chunks]
+
+
+class _Chunked:
+    """The activations of a request: one or more chunks of rows, each quantized on its own.
+
+    Chunks let one request carry rows quantized independently, each with its own codebook: an
+    evaluation set larger than a training batch goes as several chunks quantized exactly like
+    training batches, and in the horizontal setting each client's batch is one chunk. The
+    chunks' rows, concatenated in order, are the request's ``(rows, d)`` activations. All
+    chunks are of one kind and width ``d``, and PQ chunks share ``q``, ``R`` and ``L`` (one
+    run uses one quantizer config).
+    """
+
+    chunks: tuple[Activations, ...]
+
+    @property
+    def rows(self) -> int:
+        """Total rows over all chunks."""
+        return sum(chunk_rows(self.chunks))
+
+    @property
+    def d(self) -> int:
+        """Width of an activation row (the same in every chunk)."""
+        return self.chunks[0].d
+
+
 @dataclass(frozen=True, eq=False)
-class StepRequest:
+class StepRequest(_Chunked):
     """Party A -> B: the activations of training step ``step`` for the batch ``batch_digest``."""
 
     step: int  # training step, >= 0
-    batch_digest: bytes  # 8 opaque bytes naming the batch's sample ids
-    activations: Activations
+    batch_digest: bytes  # 8 opaque bytes naming the batch's sample ids, all chunks together
+    chunks: tuple[Activations, ...]  # >= 1 chunks of (B_k, d); a list is taken as a tuple
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "step", _as_int(self.step, "step", 0, MAX_STEP))
         _check_digest(self.batch_digest, "batch_digest")
-        _check_activations(self.activations)
+        object.__setattr__(self, "chunks", _as_chunks(self.chunks))
 
 
 @dataclass(frozen=True, eq=False)
@@ -235,7 +272,7 @@ class StepResponse:
     step: int  # echoes StepRequest.step
     loss: float  # mean loss over the batch
     metrics: dict[str, float]  # e.g. {"accuracy": 0.75}
-    grad: NDArray[np.float32]  # (B, d) d loss / d dequantized activations
+    grad: NDArray[np.float32]  # (rows, d) d loss / d dequantized activations, chunks in order
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "step", _as_int(self.step, "step", 0, MAX_STEP))
@@ -245,15 +282,15 @@ class StepResponse:
 
 
 @dataclass(frozen=True, eq=False)
-class EvaluateRequest:
-    """Party A -> B: activations of an evaluation batch whose sample ids hash to ``ids_digest``."""
+class EvaluateRequest(_Chunked):
+    """Party A -> B: activations of evaluation samples whose ids hash to ``ids_digest``."""
 
-    ids_digest: bytes  # 8 opaque bytes naming the batch's sample ids
-    activations: Activations
+    ids_digest: bytes  # 8 opaque bytes naming the samples' ids, all chunks together
+    chunks: tuple[Activations, ...]  # >= 1 chunks of (B_k, d); a list is taken as a tuple
 
     def __post_init__(self) -> None:
         _check_digest(self.ids_digest, "ids_digest")
-        _check_activations(self.activations)
+        object.__setattr__(self, "chunks", _as_chunks(self.chunks))
 
 
 @dataclass(frozen=True, eq=False)
@@ -271,17 +308,17 @@ class EvaluateResponse:
 
 
 @dataclass(frozen=True, eq=False)
-class PredictRequest:
-    """Party A -> B: activations of rows ``ids`` (one id per row, so len(ids) == B)."""
+class PredictRequest(_Chunked):
+    """Party A -> B: activations of rows ``ids`` (one id per row, so len(ids) == rows)."""
 
-    ids: list[str]  # sample ids, in row order
-    activations: Activations
+    ids: list[str]  # sample ids, in row order over all chunks
+    chunks: tuple[Activations, ...]  # >= 1 chunks of (B_k, d); a list is taken as a tuple
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ids", _as_ids(self.ids))
-        _check_activations(self.activations)
-        if len(self.ids) != self.activations.B:
-            raise ValueError(f"{len(self.ids)} ids for B={self.activations.B} activation rows")
+        object.__setattr__(self, "chunks", _as_chunks(self.chunks))
+        if len(self.ids) != self.rows:
+            raise ValueError(f"{len(self.ids)} ids for {self.rows} activation rows")
 
 
 @dataclass(frozen=True, eq=False)
@@ -312,11 +349,56 @@ def _check_digest(digest: object, name: str) -> None:
         raise ValueError(f"{name} must be exactly {DIGEST_BYTES} bytes, got {digest!r}")
 
 
-def _check_activations(activations: object) -> None:
-    if not isinstance(activations, PQActivations | RawActivations):
+class _ChunkConfig(NamedTuple):
+    """What every chunk of a request must share with chunk 0. q, R, L are 0 for raw chunks."""
+
+    k: str  # kind: "pq" or "raw"
+    d: int  # width of a row
+    q: int  # sub-vectors per row
+    R: int  # codebooks
+    L: int  # codewords per codebook
+
+
+def _config_of(chunk: Activations) -> _ChunkConfig:
+    if isinstance(chunk, PQActivations):
+        return _ChunkConfig(_PQ, chunk.d, chunk.q, chunk.R, chunk.L)
+    return _ChunkConfig(_RAW, chunk.d, 0, 0, 0)
+
+
+def _first_mismatch(configs: Sequence[_ChunkConfig]) -> tuple[int, str, str] | None:
+    """(chunk index, wire key, problem) of the first chunk not configured like chunk 0."""
+    first = configs[0]
+    for i, config in enumerate(configs[1:], start=1):
+        if config.k != first.k:
+            return i, "k", f"a {config.k!r} chunk after a {first.k!r} chunk 0 (mixing is refused)"
+        for key, mine, theirs in zip(config._fields[1:], config[1:], first[1:], strict=True):
+            if mine != theirs:
+                why = "one (rows, d) matrix" if key == "d" else "one quantizer config per run"
+                return i, key, f"{key}={mine} differs from {key}={theirs} of chunk 0 ({why})"
+    return None
+
+
+def _as_chunks(chunks: object) -> tuple[Activations, ...]:
+    if isinstance(chunks, PQActivations | RawActivations):
         raise TypeError(
-            f"activations must be PQActivations or RawActivations, got {type(activations).__name__}"
+            f"chunks must be a tuple of activations, got a bare {type(chunks).__name__}: "
+            "wrap it in a tuple, chunks=(activations,)"
         )
+    if not isinstance(chunks, tuple | list):
+        raise TypeError(f"chunks must be a tuple of activations, got {type(chunks).__name__}")
+    if not chunks:
+        raise ValueError("chunks must hold at least one chunk of activations")
+    for i, chunk in enumerate(chunks):
+        if not isinstance(chunk, PQActivations | RawActivations):
+            raise TypeError(
+                f"chunks[{i}] must be PQActivations or RawActivations, got {type(chunk).__name__}"
+            )
+    out: tuple[Activations, ...] = tuple(chunks)
+    mismatch = _first_mismatch([_config_of(chunk) for chunk in out])
+    if mismatch is not None:
+        i, _, problem = mismatch
+        raise ValueError(f"chunks[{i}]: {problem}")
+    return out
 
 
 def _as_int(value: object, name: str, lo: int, hi: int) -> int:
@@ -387,20 +469,38 @@ def _all_finite(array: NDArray[np.floating[Any]]) -> bool:
     return bool(np.isfinite(array).all())
 
 
+def _chunks_to_wire(
+    chunks: Sequence[Activations], *, codebook_dtype: WireFloat, activations_dtype: WireFloat
+) -> list[dict[str, Any]]:
+    return [
+        _activations_to_wire(
+            chunk,
+            f"chunks[{i}]",
+            codebook_dtype=codebook_dtype,
+            activations_dtype=activations_dtype,
+        )
+        for i, chunk in enumerate(chunks)
+    ]
+
+
 def _activations_to_wire(
-    activations: Activations, *, codebook_dtype: WireFloat, activations_dtype: WireFloat
+    activations: Activations,
+    name: str,
+    *,
+    codebook_dtype: WireFloat,
+    activations_dtype: WireFloat,
 ) -> dict[str, Any]:
     if isinstance(activations, PQActivations):
         L = activations.L
         bits = bits_for(L)
         codewords = activations.codewords
         if L != 1 << bits and int(codewords.max()) >= L:  # below 2**bits pack_codes checks
-            raise ValueError(f"codewords must be < L={L}, got {int(codewords.max())}")
+            raise ValueError(f"{name}.codewords must be < L={L}, got {int(codewords.max())}")
         try:
             packed = pack_codes(codewords, bits)
         except ValueError as exc:
-            raise ValueError(f"codewords must lie in [0, L={L}): {exc}") from None
-        tag, codebook = _float_bin(activations.codebook, codebook_dtype, "codebook")
+            raise ValueError(f"{name}.codewords must lie in [0, L={L}): {exc}") from None
+        tag, codebook = _float_bin(activations.codebook, codebook_dtype, f"{name}.codebook")
         return {
             "k": _PQ,
             "B": activations.B,
@@ -413,7 +513,7 @@ def _activations_to_wire(
             "cb": codebook,
             "cw": packed,
         }
-    tag, raw = _float_bin(activations.activations, activations_dtype, "activations")
+    tag, raw = _float_bin(activations.activations, activations_dtype, f"{name}.activations")
     return {"k": _RAW, "B": activations.B, "d": activations.d, "dt": tag, "x": raw}
 
 
@@ -545,7 +645,8 @@ def _open(data: object, msg_type: str, keys: frozenset[str], limits: DecodeLimit
             # msgpack takes these as C ssize_t; bin and str lengths are uint32 on the wire
             max_str_len=min(max(limits.max_str_bytes, 16), _U32_MAX),
             max_bin_len=min(limits.max_elements * 4, _U32_MAX),  # largest float32 array
-            max_array_len=min(limits.max_batch, _U32_MAX),  # only lists of ids
+            # arrays are the lists of ids (<= max_batch) and of chunks (<= max_chunks)
+            max_array_len=min(max(limits.max_batch, limits.max_chunks), _U32_MAX),
             max_map_len=min(limits.max_metrics + 16, _U32_MAX),  # metrics, or <= 10 fields
             max_ext_len=0,  # no ext types (timestamps included)
         )
@@ -580,22 +681,63 @@ def _check_elements(fields: _Fields, what: str, count: int, limits: DecodeLimits
         )
 
 
+class _ChunkHeader(NamedTuple):
+    """One chunk's declared sizes, checked, before its payload is read."""
+
+    fields: _Fields
+    config: _ChunkConfig
+    B: int  # rows
+    bits: int  # bits per codeword; 0 for raw chunks
+
+
+def _chunks_from_wire(f: _Fields, key: str, limits: DecodeLimits) -> tuple[Activations, ...]:
+    """The chunks in field ``key``, in order.
+
+    Two passes: every chunk's declared sizes are checked, alone and against the other chunks'
+    (one config, total rows), before any chunk's payload is decoded, so a message cannot make
+    the decoder allocate more than the limits allow by spreading rows over many chunks.
+    """
+    where = f"{f.where}.{key}"
+    value = f.get_raw(key)
+    if not isinstance(value, list):
+        raise CodecError(f"{where}: expected an array of activation maps, got {_type_name(value)}")
+    if not 1 <= len(value) <= limits.max_chunks:
+        raise CodecError(f"{where}: must hold 1..{limits.max_chunks} chunks, got {len(value)}")
+    headers = [_chunk_header(obj, f"{where}[{i}]", limits) for i, obj in enumerate(value)]
+    mismatch = _first_mismatch([header.config for header in headers])
+    if mismatch is not None:
+        i, field, problem = mismatch
+        raise CodecError(f"{where}[{i}].{field}: {problem}")
+    rows = sum(header.B for header in headers)
+    if rows > limits.max_batch:
+        raise CodecError(
+            f"{where}: {rows} rows in {len(headers)} chunk(s), over the limit {limits.max_batch}"
+        )
+    # the receiver concatenates the chunks into one (rows, d) array; B*q codes <= B*d
+    elements = rows * headers[0].config.d
+    if elements > limits.max_elements:
+        raise CodecError(
+            f"{where}: rows*d has {elements} elements, over the limit {limits.max_elements}"
+        )
+    return tuple(_chunk_from_wire(header) for header in headers)
+
+
 _PQ_KEYS: Final = frozenset({"k", "B", "d", "q", "R", "L", "b", "dt", "cb", "cw"})
 _RAW_KEYS: Final = frozenset({"k", "B", "d", "dt", "x"})
 
 
-def _activations_from_wire(obj: object, where: str, limits: DecodeLimits) -> Activations:
+def _chunk_header(obj: object, where: str, limits: DecodeLimits) -> _ChunkHeader:
     if not isinstance(obj, dict):
         raise CodecError(f"{where}: expected a map, got {_type_name(obj)}")
     kind = obj.get("k")
-    if kind == _PQ:
-        return _pq_from_wire(_Fields(obj, where, _PQ_KEYS), limits)
     if kind == _RAW:
-        return _raw_from_wire(_Fields(obj, where, _RAW_KEYS), limits)
-    raise CodecError(f"{where}.k: unknown activation kind {kind!r} (expected 'pq' or 'raw')")
-
-
-def _pq_from_wire(f: _Fields, limits: DecodeLimits) -> PQActivations:
+        f = _Fields(obj, where, _RAW_KEYS)
+        B = f.get_int("B", 1, limits.max_batch)
+        d = f.get_int("d", 1, limits.max_dim)
+        return _ChunkHeader(f, _ChunkConfig(_RAW, d, 0, 0, 0), B, 0)
+    if kind != _PQ:
+        raise CodecError(f"{where}.k: unknown activation kind {kind!r} (expected 'pq' or 'raw')")
+    f = _Fields(obj, where, _PQ_KEYS)
     B = f.get_int("B", 1, limits.max_batch)
     d = f.get_int("d", 1, limits.max_dim)
     q = f.get_int("q", 1, limits.max_q)
@@ -603,35 +745,33 @@ def _pq_from_wire(f: _Fields, limits: DecodeLimits) -> PQActivations:
     L = f.get_int("L", 1, limits.max_L)
     bits = f.get_int("b", 0, MAX_BITS)
     if d % q:
-        raise CodecError(f"{f.where}: q={q} sub-vectors must divide d={d}")
+        raise CodecError(f"{where}: q={q} sub-vectors must divide d={d}")
     if q % R:
-        raise CodecError(f"{f.where}: R={R} codebooks must divide q={q} sub-vectors")
+        raise CodecError(f"{where}: R={R} codebooks must divide q={q} sub-vectors")
     if bits != bits_for(L):
-        raise CodecError(f"{f.where}.b: L={L} needs {bits_for(L)} bits per codeword, got {bits}")
-    _check_elements(f, "B*d", B * d, limits)
-    codebook_shape = (R, L, d // q)
+        raise CodecError(f"{where}.b: L={L} needs {bits_for(L)} bits per codeword, got {bits}")
     _check_elements(f, "codebook R*L*(d/q)", R * L * (d // q), limits)
-    codebook = f.get_float_array("cb", f.get_dtype("dt"), codebook_shape)
-    packed = f.get_bin("cw", packed_nbytes(B * q, bits))
+    return _ChunkHeader(f, _ChunkConfig(_PQ, d, q, R, L), B, bits)
+
+
+def _chunk_from_wire(header: _ChunkHeader) -> Activations:
+    f, (kind, d, q, R, L), B = header.fields, header.config, header.B
+    if kind == _RAW:
+        activations = f.get_float_array("x", f.get_dtype("dt"), (B, d))
+        with _malformed(f.where):
+            return RawActivations(activations=activations)
+    codebook = f.get_float_array("cb", f.get_dtype("dt"), (R, L, d // q))
+    packed = f.get_bin("cw", packed_nbytes(B * q, header.bits))
     try:
-        codes = unpack_codes(packed, B * q, bits)
+        codes = unpack_codes(packed, B * q, header.bits)
     except ValueError as exc:
         raise CodecError(f"{f.where}.cw: {exc}") from None
-    if L != 1 << bits and codes.size:  # with L == 2**bits every bit pattern is a codeword
+    if L != 1 << header.bits and codes.size:  # with L == 2**bits every pattern is a codeword
         largest = int(codes.max())
         if largest >= L:
             raise CodecError(f"{f.where}.cw: codeword {largest} >= L={L}")
     with _malformed(f.where):
         return PQActivations(codebook=codebook, codewords=codes.reshape(B, q).astype(np.int64))
-
-
-def _raw_from_wire(f: _Fields, limits: DecodeLimits) -> RawActivations:
-    B = f.get_int("B", 1, limits.max_batch)
-    d = f.get_int("d", 1, limits.max_dim)
-    _check_elements(f, "B*d", B * d, limits)
-    activations = f.get_float_array("x", f.get_dtype("dt"), (B, d))
-    with _malformed(f.where):
-        return RawActivations(activations=activations)
 
 
 def _metrics_from_wire(f: _Fields, key: str, limits: DecodeLimits) -> dict[str, float]:
@@ -682,8 +822,8 @@ def encode_step_request(
             "t": _STEP_REQ,
             "s": message.step,
             "h": message.batch_digest,
-            "a": _activations_to_wire(
-                message.activations,
+            "a": _chunks_to_wire(
+                message.chunks,
                 codebook_dtype=codebook_dtype,
                 activations_dtype=activations_dtype,
             ),
@@ -696,9 +836,9 @@ def decode_step_request(data: bytes, *, limits: DecodeLimits = DEFAULT_LIMITS) -
     f = _open(data, _STEP_REQ, frozenset({"s", "h", "a"}), limits)
     step = f.get_int("s", 0, MAX_STEP)
     digest = f.get_bin("h", DIGEST_BYTES)
-    activations = _activations_from_wire(f.get_raw("a"), f"{f.where}.a", limits)
+    chunks = _chunks_from_wire(f, "a", limits)
     with _malformed(f.where):
-        return StepRequest(step=step, batch_digest=digest, activations=activations)
+        return StepRequest(step=step, batch_digest=digest, chunks=chunks)
 
 
 # ------------------------------------------------------------------------------------------
@@ -756,8 +896,8 @@ def encode_evaluate_request(
             "v": WIRE_VERSION,
             "t": _EVAL_REQ,
             "h": message.ids_digest,
-            "a": _activations_to_wire(
-                message.activations,
+            "a": _chunks_to_wire(
+                message.chunks,
                 codebook_dtype=codebook_dtype,
                 activations_dtype=activations_dtype,
             ),
@@ -771,9 +911,9 @@ def decode_evaluate_request(
     """Parse and validate an EvaluateRequest; raises CodecError for any malformed input."""
     f = _open(data, _EVAL_REQ, frozenset({"h", "a"}), limits)
     digest = f.get_bin("h", DIGEST_BYTES)
-    activations = _activations_from_wire(f.get_raw("a"), f"{f.where}.a", limits)
+    chunks = _chunks_from_wire(f, "a", limits)
     with _malformed(f.where):
-        return EvaluateRequest(ids_digest=digest, activations=activations)
+        return EvaluateRequest(ids_digest=digest, chunks=chunks)
 
 
 # ------------------------------------------------------------------------------------------
@@ -823,8 +963,8 @@ def encode_predict_request(
             "v": WIRE_VERSION,
             "t": _PRED_REQ,
             "ids": message.ids,
-            "a": _activations_to_wire(
-                message.activations,
+            "a": _chunks_to_wire(
+                message.chunks,
                 codebook_dtype=codebook_dtype,
                 activations_dtype=activations_dtype,
             ),
@@ -836,11 +976,12 @@ def decode_predict_request(data: bytes, *, limits: DecodeLimits = DEFAULT_LIMITS
     """Parse and validate a PredictRequest; raises CodecError for any malformed input."""
     f = _open(data, _PRED_REQ, frozenset({"ids", "a"}), limits)
     ids = _ids_from_wire(f, "ids", limits)
-    activations = _activations_from_wire(f.get_raw("a"), f"{f.where}.a", limits)
-    if len(ids) != activations.B:
-        raise CodecError(f"{f.where}.ids: {len(ids)} ids for B={activations.B} activation rows")
+    chunks = _chunks_from_wire(f, "a", limits)
+    rows = sum(chunk_rows(chunks))
+    if len(ids) != rows:
+        raise CodecError(f"{f.where}.ids: {len(ids)} ids for {rows} activation rows")
     with _malformed(f.where):
-        return PredictRequest(ids=ids, activations=activations)
+        return PredictRequest(ids=ids, chunks=chunks)
 
 
 # ------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from shared.codec import (
     RawActivations,
     StepRequest,
     StepResponse,
+    chunk_rows,
     decode_evaluate_request,
     decode_evaluate_response,
     decode_predict_request,
@@ -59,6 +60,10 @@ def make_pq(
 def make_raw(*, B: int = 4, d: int = 12, seed: int = 0) -> RawActivations:
     rng = np.random.default_rng(seed)
     return RawActivations(activations=rng.standard_normal((B, d)).astype(np.float32))
+
+
+def make_step_request(*chunks: Activations, step: int = 3) -> StepRequest:
+    return StepRequest(step=step, batch_digest=DIGEST, chunks=chunks)
 
 
 def make_step_response(*, B: int = 4, d: int = 12) -> StepResponse:
@@ -100,6 +105,13 @@ def assert_same_activations(decoded: Activations, original: Activations) -> None
         assert_float32_equal(decoded.activations, original.activations)
 
 
+def assert_same_chunks(decoded: object, original: tuple[Activations, ...]) -> None:
+    assert isinstance(decoded, tuple)
+    assert len(decoded) == len(original)
+    for got, sent in zip(decoded, original, strict=True):
+        assert_same_activations(got, sent)
+
+
 def assert_same_metrics(decoded: dict[str, float], original: dict[str, float]) -> None:
     assert decoded.keys() == original.keys()
     assert all(same_floats(decoded[k], original[k]) for k in original)
@@ -110,15 +122,15 @@ def assert_same_message(decoded: object, original: object) -> None:
     if isinstance(original, StepRequest):
         assert isinstance(decoded, StepRequest)
         assert (decoded.step, decoded.batch_digest) == (original.step, original.batch_digest)
-        assert_same_activations(decoded.activations, original.activations)
+        assert_same_chunks(decoded.chunks, original.chunks)
     elif isinstance(original, EvaluateRequest):
         assert isinstance(decoded, EvaluateRequest)
         assert decoded.ids_digest == original.ids_digest
-        assert_same_activations(decoded.activations, original.activations)
+        assert_same_chunks(decoded.chunks, original.chunks)
     elif isinstance(original, PredictRequest):
         assert isinstance(decoded, PredictRequest)
         assert decoded.ids == original.ids
-        assert_same_activations(decoded.activations, original.activations)
+        assert_same_chunks(decoded.chunks, original.chunks)
     elif isinstance(original, StepResponse):
         assert isinstance(decoded, StepResponse)
         assert decoded.step == original.step
@@ -170,13 +182,11 @@ def float_arrays(shape: tuple[int, ...], *, half: bool = False) -> st.SearchStra
 
 
 @st.composite
-def pq_activations(draw: st.DrawFn, *, half: bool = False) -> PQActivations:
+def pq_chunk(
+    draw: st.DrawFn, *, q: int, R: int, s: int, L: int, half: bool = False
+) -> PQActivations:
+    """One PQ chunk of a given config (s = d // q), with its own rows and its own codebook."""
     B = draw(st.integers(1, 5))
-    q = draw(st.integers(1, 6))
-    R = draw(st.sampled_from([r for r in range(1, q + 1) if q % r == 0]))
-    s = draw(st.integers(1, 3))  # d // q
-    # mostly small L, sometimes codes wider than a byte (up to 13 bits)
-    L = draw(st.one_of(st.integers(1, 20), st.sampled_from([255, 256, 257, 1000, 4097])))
     # draw a few codewords and tile them: L itself only matters for the code width
     codebook = np.resize(draw(float_arrays((R, min(L, 8), s), half=half)), (R, L, s))
     codewords = draw(hnp.arrays(np.int64, (B, q), elements=st.integers(0, L - 1)))
@@ -184,14 +194,25 @@ def pq_activations(draw: st.DrawFn, *, half: bool = False) -> PQActivations:
 
 
 @st.composite
-def raw_activations(draw: st.DrawFn, *, half: bool = False) -> RawActivations:
+def raw_chunk(draw: st.DrawFn, *, d: int, half: bool = False) -> RawActivations:
     B = draw(st.integers(1, 5))
-    d = draw(st.integers(1, 12))
     return RawActivations(activations=draw(float_arrays((B, d), half=half)))
 
 
-def activations(*, half: bool = False) -> st.SearchStrategy[Activations]:
-    return st.one_of(pq_activations(half=half), raw_activations(half=half))
+@st.composite
+def chunk_tuples(draw: st.DrawFn, *, half: bool = False) -> tuple[Activations, ...]:
+    """1-3 chunks of one kind, one width d and (PQ) one q, R, L; rows and values per chunk."""
+    count = draw(st.integers(1, 3))
+    if draw(st.booleans()):
+        q = draw(st.integers(1, 6))
+        R = draw(st.sampled_from([r for r in range(1, q + 1) if q % r == 0]))
+        s = draw(st.integers(1, 3))  # d // q
+        # mostly small L, sometimes codes wider than a byte (up to 13 bits)
+        L = draw(st.one_of(st.integers(1, 20), st.sampled_from([255, 256, 257, 1000, 4097])))
+        chunk = pq_chunk(q=q, R=R, s=s, L=L, half=half)
+    else:
+        chunk = raw_chunk(d=draw(st.integers(1, 12)), half=half)
+    return tuple(draw(chunk) for _ in range(count))
 
 
 STEPS = st.integers(0, 2**63 - 1)
@@ -203,9 +224,9 @@ METRICS = st.dictionaries(st.text(max_size=8), REPORTED, max_size=4)
 
 @st.composite
 def predict_requests(draw: st.DrawFn, *, half: bool = False) -> PredictRequest:
-    acts = draw(activations(half=half))
-    ids = draw(st.lists(IDS_TEXT, min_size=acts.B, max_size=acts.B))
-    return PredictRequest(ids=ids, activations=acts)
+    chunks = draw(chunk_tuples(half=half))
+    rows = sum(chunk_rows(chunks))
+    return PredictRequest(ids=draw(st.lists(IDS_TEXT, min_size=rows, max_size=rows)), chunks=chunks)
 
 
 @st.composite
@@ -229,10 +250,10 @@ def predict_responses(draw: st.DrawFn, *, half: bool = False) -> PredictResponse
 
 
 def messages(*, half: bool = False) -> st.SearchStrategy[Any]:
-    acts = activations(half=half)
+    chunks = chunk_tuples(half=half)
     return st.one_of(
-        st.builds(StepRequest, step=STEPS, batch_digest=DIGESTS, activations=acts),
-        st.builds(EvaluateRequest, ids_digest=DIGESTS, activations=acts),
+        st.builds(StepRequest, step=STEPS, batch_digest=DIGESTS, chunks=chunks),
+        st.builds(EvaluateRequest, ids_digest=DIGESTS, chunks=chunks),
         predict_requests(half=half),
         step_responses(half=half),
         st.builds(EvaluateResponse, n=STEPS, loss=REPORTED, metrics=METRICS),
@@ -271,7 +292,8 @@ def test_float16_wire_round_trips_values_float16_holds(message: object):
 
 def test_float16_wire_halves_the_float_payload():
     # Prepare
-    message = StepRequest(step=0, batch_digest=DIGEST, activations=make_raw(B=20, d=100))
+    raw = make_raw(B=20, d=100)
+    message = make_step_request(raw)
 
     # Act
     full = encode_step_request(message)
@@ -279,10 +301,10 @@ def test_float16_wire_halves_the_float_payload():
 
     # Assert
     assert len(full) - len(half) == 20 * 100 * 2
-    decoded = decode_step_request(half).activations
+    (decoded,) = decode_step_request(half).chunks
     assert isinstance(decoded, RawActivations)
     assert decoded.activations.dtype == np.float32
-    np.testing.assert_allclose(decoded.activations, message.activations.activations, rtol=1e-3)
+    np.testing.assert_allclose(decoded.activations, raw.activations, rtol=1e-3)
 
 
 def test_codeword_widths_past_one_byte_round_trip():
@@ -291,11 +313,11 @@ def test_codeword_widths_past_one_byte_round_trip():
         pq = make_pq(B=3, d=4, q=2, R=1, L=L)
 
         # Act
-        decoded = round_trip(StepRequest(step=1, batch_digest=DIGEST, activations=pq))
+        decoded = round_trip(make_step_request(pq))
 
         # Assert
         assert isinstance(decoded, StepRequest)
-        assert_same_activations(decoded.activations, pq)
+        assert_same_chunks(decoded.chunks, (pq,))
 
 
 def test_single_codeword_codebook_sends_no_codeword_bytes():
@@ -303,11 +325,11 @@ def test_single_codeword_codebook_sends_no_codeword_bytes():
     pq = make_pq(B=20, d=12, q=6, R=1, L=1)
 
     # Act
-    encoded = encode_step_request(StepRequest(step=1, batch_digest=DIGEST, activations=pq))
+    encoded = encode_step_request(make_step_request(pq))
 
     # Assert
-    assert msgpack.unpackb(encoded)["a"]["cw"] == b""
-    decoded = decode_step_request(encoded).activations
+    assert msgpack.unpackb(encoded)["a"][0]["cw"] == b""
+    (decoded,) = decode_step_request(encoded).chunks
     assert isinstance(decoded, PQActivations)
     np.testing.assert_array_equal(decoded.codewords, np.zeros((20, 6)))
 
@@ -320,7 +342,7 @@ def test_single_codeword_codebook_sends_no_codeword_bytes():
 def test_femnist_step_request_is_about_three_kilobytes():
     # Prepare: the paper's FEMNIST point B=20, d=9216, q=1152, L=2, R=1
     pq = make_pq(B=20, d=9216, q=1152, R=1, L=2)
-    message = StepRequest(step=12_345, batch_digest=DIGEST, activations=pq)
+    message = make_step_request(pq, step=12_345)
 
     # Act
     encoded = encode_step_request(message)
@@ -330,8 +352,24 @@ def test_femnist_step_request_is_about_three_kilobytes():
 
 
 def test_raw_step_request_is_its_float_payload_plus_a_small_header():
-    message = StepRequest(step=0, batch_digest=DIGEST, activations=make_raw(B=20, d=9216))
+    message = make_step_request(make_raw(B=20, d=9216))
     assert 0 < len(encode_step_request(message)) - 20 * 9216 * 4 < 100
+
+
+def test_documented_femnist_examples_are_exact():
+    # Prepare: docs/PROTOCOL.md section 7; the horizontal step is 10 clients' batches of 20
+    one = make_pq(B=20, d=9216, q=1152, R=1, L=2)
+    ten = [make_pq(B=20, d=9216, q=1152, R=1, L=2, seed=client) for client in range(10)]
+    raw = make_raw(B=20, d=9216)
+    grad = make_step_response(B=20, d=9216)
+
+    # Act / Assert
+    assert len(encode_step_request(make_step_request(one, step=0))) == 3022
+    assert len(encode_step_request(make_step_request(*ten, step=0))) == 29_923
+    assert len(encode_step_request(make_step_request(raw, step=0))) == 737_341
+    half = encode_step_request(make_step_request(raw, step=0), activations_dtype="float16")
+    assert len(half) == 368_701
+    assert len(encode_step_response(grad)) == 737_351
 
 
 # ------------------------------------------------------------------------------------------
@@ -404,11 +442,21 @@ def test_a_message_fed_to_another_decoder_is_rejected_by_type(message: object):
 
 
 def pq_step_bytes() -> bytes:
-    return encode_step_request(StepRequest(step=3, batch_digest=DIGEST, activations=make_pq()))
+    return encode_step_request(make_step_request(make_pq()))
 
 
 def raw_step_bytes() -> bytes:
-    return encode_step_request(StepRequest(step=3, batch_digest=DIGEST, activations=make_raw()))
+    return encode_step_request(make_step_request(make_raw()))
+
+
+def spliced_step_bytes(*chunks: Activations) -> bytes:
+    """A step request whose "a" holds ``chunks`` as given, past StepRequest's own checks."""
+    obj = msgpack.unpackb(encode_step_request(make_step_request(chunks[0])), raw=False)
+    obj["a"] = [
+        msgpack.unpackb(encode_step_request(make_step_request(chunk)), raw=False)["a"][0]
+        for chunk in chunks
+    ]
+    return msgpack.packb(obj, use_bin_type=True)
 
 
 def tamper(encoded: bytes, edit: Callable[[dict[str, Any]], object]) -> bytes:
@@ -418,23 +466,24 @@ def tamper(encoded: bytes, edit: Callable[[dict[str, Any]], object]) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
+# nested=True edits the first chunk of "a" instead of the top-level map
 def setter(key: str, value: object, *, nested: bool = False) -> Callable[[dict[str, Any]], None]:
     def edit(obj: dict[str, Any]) -> None:
-        (obj["a"] if nested else obj)[key] = value
+        (obj["a"][0] if nested else obj)[key] = value
 
     return edit
 
 
 def deleter(key: str, *, nested: bool = False) -> Callable[[dict[str, Any]], None]:
     def edit(obj: dict[str, Any]) -> None:
-        del (obj["a"] if nested else obj)[key]
+        del (obj["a"][0] if nested else obj)[key]
 
     return edit
 
 
 def nan_at_first_float(key: str, dtype: str, *, nested: bool = False) -> Callable[..., None]:
     def edit(obj: dict[str, Any]) -> None:
-        target = obj["a"] if nested else obj
+        target = obj["a"][0] if nested else obj
         values = np.frombuffer(target[key], dtype=dtype).copy()
         values[0] = np.nan
         target[key] = values.tobytes()
@@ -444,7 +493,7 @@ def nan_at_first_float(key: str, dtype: str, *, nested: bool = False) -> Callabl
 
 def inf_at_last_float(key: str, dtype: str, *, nested: bool = False) -> Callable[..., None]:
     def edit(obj: dict[str, Any]) -> None:
-        target = obj["a"] if nested else obj
+        target = obj["a"][0] if nested else obj
         values = np.frombuffer(target[key], dtype=dtype).copy()
         values[-1] = -np.inf
         target[key] = values.tobytes()
@@ -493,37 +542,39 @@ MALFORMED_STEP_REQUESTS: list[tuple[str, str, Callable[[dict[str, Any]], object]
     ("negative step", PQ, top("s", -1), "step_req.s: must be in [0,"),
     ("str digest", PQ, top("h", "01234567"), "step_req.h: expected bin, got str"),
     ("short digest", PQ, top("h", b"1234567"), "step_req.h: expected 8 bytes, got 7"),
-    ("activations not a map", PQ, top("a", [1]), "step_req.a: expected a map, got list"),
-    ("unknown kind", PQ, act("k", "vq"), "step_req.a.k: unknown activation kind 'vq'"),
-    ("bool B", PQ, act("B", True), "step_req.a.B: expected int, got bool"),
-    ("extra pq field", PQ, act("x", b""), "step_req.a: unexpected field(s)"),
-    ("missing codebook", PQ, deleter("cb", nested=True), "step_req.a: missing field(s) ['cb']"),
-    ("unknown dtype", PQ, act("dt", "f8"), "step_req.a.dt: unknown float dtype 'f8'"),
-    ("bin dtype", RAW, act("dt", b"f4"), "step_req.a.dt: expected str, got bin"),
+    ("chunks not an array", PQ, top("a", {"k": "pq"}), "step_req.a: expected an array of"),
+    ("no chunks", PQ, top("a", []), "step_req.a: must hold 1..4096 chunks, got 0"),
+    ("chunk not a map", PQ, top("a", [1]), "step_req.a[0]: expected a map, got int"),
+    ("unknown kind", PQ, act("k", "vq"), "step_req.a[0].k: unknown activation kind 'vq'"),
+    ("bool B", PQ, act("B", True), "step_req.a[0].B: expected int, got bool"),
+    ("extra pq field", PQ, act("x", b""), "step_req.a[0]: unexpected field(s)"),
+    ("missing codebook", PQ, deleter("cb", nested=True), "step_req.a[0]: missing field(s) ['cb']"),
+    ("unknown dtype", PQ, act("dt", "f8"), "step_req.a[0].dt: unknown float dtype 'f8'"),
+    ("bin dtype", RAW, act("dt", b"f4"), "step_req.a[0].dt: expected str, got bin"),
     # absurd or inconsistent shapes
-    ("zero B", PQ, act("B", 0), "step_req.a.B: must be in [1, 65536], got 0"),
-    ("negative d", RAW, act("d", -12), "step_req.a.d: must be in [1, 1048576], got -12"),
-    ("zero q", PQ, act("q", 0), "step_req.a.q: must be in [1,"),
-    ("zero R", PQ, act("R", 0), "step_req.a.R: must be in [1,"),
-    ("zero L", PQ, act("L", 0), "step_req.a.L: must be in [1,"),
-    ("huge B", PQ, act("B", 2**40), "step_req.a.B: must be in [1, 65536]"),
-    ("huge L", PQ, act("L", 65_537), "step_req.a.L: must be in [1, 65536]"),
+    ("zero B", PQ, act("B", 0), "step_req.a[0].B: must be in [1, 65536], got 0"),
+    ("negative d", RAW, act("d", -12), "step_req.a[0].d: must be in [1, 1048576], got -12"),
+    ("zero q", PQ, act("q", 0), "step_req.a[0].q: must be in [1,"),
+    ("zero R", PQ, act("R", 0), "step_req.a[0].R: must be in [1,"),
+    ("zero L", PQ, act("L", 0), "step_req.a[0].L: must be in [1,"),
+    ("huge B", PQ, act("B", 2**40), "step_req.a[0].B: must be in [1, 65536]"),
+    ("huge L", PQ, act("L", 65_537), "step_req.a[0].L: must be in [1, 65536]"),
     (
-        "B*d over limit",
+        "rows*d over limit",
         RAW,
-        lambda o: o["a"].update(B=65_536, d=1025),
-        "B*d has 67174400 elements, over",
+        lambda o: o["a"][0].update(B=65_536, d=1025),
+        "step_req.a: rows*d has 67174400 elements, over",
     ),
     ("q not dividing d", PQ, act("d", 13), "q=6 sub-vectors must divide d=13"),
     ("R not dividing q", PQ, act("R", 4), "R=4 codebooks must divide q=6"),
-    ("bits not matching L", PQ, act("b", 3), "step_req.a.b: L=3 needs 2 bits"),
-    ("B vs codeword bytes", PQ, act("B", 5), "step_req.a.cw: expected 8 bytes, got 6"),
+    ("bits not matching L", PQ, act("b", 3), "step_req.a[0].b: L=3 needs 2 bits"),
+    ("B vs codeword bytes", PQ, act("B", 5), "step_req.a[0].cw: expected 8 bytes, got 6"),
     ("d vs raw bytes", RAW, act("d", 13), "(4, 13) of <f4 needs 208 bytes, got 192"),
-    ("L vs codebook bytes", PQ, act("L", 4), "step_req.a.cb: declared shape (2, 4, 2)"),
+    ("L vs codebook bytes", PQ, act("L", 4), "step_req.a[0].cb: declared shape (2, 4, 2)"),
     ("f2 tag on f4 bytes", RAW, act("dt", "f2"), "needs 96 bytes, got 192"),
     # values
-    ("NaN in codebook", PQ, nan_at_first_float("cb", "<f4", nested=True), "a.cb: holds NaN"),
-    ("Inf in raw", RAW, inf_at_last_float("x", "<f4", nested=True), "a.x: holds NaN or Inf"),
+    ("NaN in codebook", PQ, nan_at_first_float("cb", "<f4", nested=True), "a[0].cb: holds NaN"),
+    ("Inf in raw", RAW, inf_at_last_float("x", "<f4", nested=True), "a[0].x: holds NaN or Inf"),
 ]
 
 
@@ -567,18 +618,18 @@ def test_duplicate_keys_are_rejected():
 
 def test_codeword_not_below_L_is_rejected():
     # Prepare: L = 3 packs 2 bits per code, so the pattern 11 (= 3) fits the stream
-    encoded = tamper(pq_step_bytes(), lambda o: o["a"].update(cw=b"\xff" * 6))
+    encoded = tamper(pq_step_bytes(), lambda o: o["a"][0].update(cw=b"\xff" * 6))
 
     # Act / Assert
-    with pytest.raises(CodecError, match="a.cw: codeword 3 >= L=3"):
+    with pytest.raises(CodecError, match=r"a\[0\]\.cw: codeword 3 >= L=3"):
         decode_step_request(encoded)
 
 
 def test_non_zero_padding_bits_are_rejected():
     # Prepare: B=1, q=3, L=3 -> 6 bits of codes and 2 padding bits in one byte
     pq = make_pq(B=1, d=3, q=3, R=1, L=3)
-    encoded = encode_step_request(StepRequest(step=0, batch_digest=DIGEST, activations=pq))
-    bad = tamper(encoded, lambda o: o["a"].update(cw=bytes([o["a"]["cw"][0] | 0b01])))
+    encoded = encode_step_request(make_step_request(pq))
+    bad = tamper(encoded, lambda o: o["a"][0].update(cw=bytes([o["a"][0]["cw"][0] | 0b01])))
 
     # Act / Assert
     with pytest.raises(CodecError, match="padding bits"):
@@ -587,8 +638,7 @@ def test_non_zero_padding_bits_are_rejected():
 
 def test_nan_in_a_float16_codebook_is_rejected():
     # Prepare
-    message = StepRequest(step=0, batch_digest=DIGEST, activations=make_pq())
-    encoded = encode_step_request(message, codebook_dtype="float16")
+    encoded = encode_step_request(make_step_request(make_pq()), codebook_dtype="float16")
 
     # Act
     bad = tamper(encoded, nan_at_first_float("cb", "<f2", nested=True))
@@ -653,7 +703,7 @@ def test_malformed_evaluate_response_raises_codec_error(edit: Callable[..., None
 @pytest.mark.parametrize(
     ("edit", "fragment"),
     [
-        (setter("ids", ["a", "b", "c"]), "pred_req.ids: 3 ids for B=4 activation rows"),
+        (setter("ids", ["a", "b", "c"]), "pred_req.ids: 3 ids for 4 activation rows"),
         (setter("ids", ["a", "b", "c", 4]), "ids must be str, got int"),
         (setter("ids", "abcd"), "expected an array of str, got str"),
         (setter("ids", []), "must hold 1..65536 ids, got 0"),
@@ -661,7 +711,7 @@ def test_malformed_evaluate_response_raises_codec_error(edit: Callable[..., None
     ],
 )
 def test_malformed_predict_request_raises_codec_error(edit: Callable[..., None], fragment: str):
-    message = PredictRequest(ids=["a", "b", "c", "d"], activations=make_raw())
+    message = PredictRequest(ids=["a", "b", "c", "d"], chunks=(make_raw(),))
     data = tamper(encode_predict_request(message), edit)
     with pytest.raises(CodecError) as raised:
         decode_predict_request(data)
@@ -685,7 +735,7 @@ def test_malformed_predict_response_raises_codec_error(edit: Callable[..., None]
 
 
 def test_evaluate_request_checks_its_digest():
-    message = EvaluateRequest(ids_digest=DIGEST, activations=make_pq())
+    message = EvaluateRequest(ids_digest=DIGEST, chunks=(make_pq(),))
     data = tamper(encode_evaluate_request(message), setter("h", b"\x00" * 9))
     with pytest.raises(CodecError, match="eval_req.h: expected 8 bytes, got 9"):
         decode_evaluate_request(data)
@@ -699,6 +749,196 @@ def test_non_bytes_input_raises_codec_error(data: object):
 
 def test_codec_error_is_a_value_error():
     assert issubclass(CodecError, ValueError)
+
+
+# ------------------------------------------------------------------------------------------
+# chunks: several independently quantized blocks of rows in one request
+# ------------------------------------------------------------------------------------------
+
+
+def test_chunks_with_their_own_codebooks_round_trip_in_order():
+    # Prepare: the horizontal setting, 3 clients' batches of different sizes, one codebook each
+    chunks = (make_pq(B=4, seed=0), make_pq(B=2, seed=1), make_pq(B=5, seed=2))
+    message = EvaluateRequest(ids_digest=DIGEST, chunks=chunks)
+
+    # Act
+    decoded = round_trip(message)
+
+    # Assert
+    assert isinstance(decoded, EvaluateRequest)
+    assert_same_chunks(decoded.chunks, chunks)
+    assert (decoded.rows, decoded.d) == (11, 12)
+    assert chunk_rows(decoded.chunks) == [4, 2, 5]
+
+
+def test_chunk_rows_splits_the_gradient_back_in_chunk_order():
+    # Prepare: party B answers with one (rows, d) gradient for the chunks concatenated in order
+    request = make_step_request(make_raw(B=3, d=5), make_raw(B=1, d=5, seed=1))
+    grad = np.arange(request.rows * request.d, dtype=np.float32).reshape(request.rows, request.d)
+    response = decode_step_response(
+        encode_step_response(StepResponse(step=3, loss=0.0, metrics={}, grad=grad))
+    )
+
+    # Act
+    blocks = np.split(response.grad, np.cumsum(chunk_rows(request.chunks))[:-1])
+
+    # Assert
+    assert [block.shape for block in blocks] == [(3, 5), (1, 5)]
+    np.testing.assert_array_equal(blocks[1], grad[3:])
+
+
+def test_a_list_of_chunks_is_kept_as_a_tuple():
+    message = PredictRequest(ids=["a", "b", "c", "d", "e"], chunks=[make_raw(B=4), make_raw(B=1)])
+    assert isinstance(message.chunks, tuple)
+    assert (message.rows, message.d) == (5, 12)
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "fragment"),
+    [
+        (lambda: make_step_request(), ValueError, "at least one chunk"),
+        (
+            lambda: StepRequest(step=0, batch_digest=DIGEST, chunks=make_pq()),  # type: ignore[arg-type]
+            TypeError,
+            "got a bare PQActivations: wrap it in a tuple, chunks=(activations,)",
+        ),
+        (
+            lambda: EvaluateRequest(ids_digest=DIGEST, chunks=make_raw()),  # type: ignore[arg-type]
+            TypeError,
+            "got a bare RawActivations: wrap it in a tuple",
+        ),
+        (lambda: make_step_request(make_raw(), "x"), TypeError, "chunks[1] must be PQActivations"),
+        (
+            lambda: StepRequest(step=0, batch_digest=DIGEST, chunks="x"),  # type: ignore[arg-type]
+            TypeError,
+            "chunks must be a tuple of activations, got str",
+        ),
+        (
+            lambda: make_step_request(make_pq(), make_raw()),
+            ValueError,
+            "chunks[1]: a 'raw' chunk after a 'pq' chunk 0 (mixing is refused)",
+        ),
+        (
+            lambda: make_step_request(make_raw(d=12), make_raw(d=12), make_raw(d=10)),
+            ValueError,
+            "chunks[2]: d=10 differs from d=12 of chunk 0",
+        ),
+        (
+            lambda: make_step_request(make_pq(d=12, q=6), make_pq(d=12, q=4)),
+            ValueError,
+            "chunks[1]: q=4 differs from q=6 of chunk 0 (one quantizer config per run)",
+        ),
+        (
+            lambda: make_step_request(make_pq(R=2), make_pq(R=3)),
+            ValueError,
+            "chunks[1]: R=3 differs from R=2 of chunk 0",
+        ),
+        (
+            lambda: make_step_request(make_pq(L=3), make_pq(L=4)),
+            ValueError,
+            "chunks[1]: L=4 differs from L=3 of chunk 0",
+        ),
+        (
+            lambda: PredictRequest(ids=["a"] * 7, chunks=(make_raw(B=4), make_raw(B=4))),
+            ValueError,
+            "7 ids for 8 activation rows",
+        ),
+    ],
+)
+def test_requests_refuse_chunks_that_do_not_fit_together(
+    build: Callable[[], object], error: type[Exception], fragment: str
+):
+    with pytest.raises(error) as raised:
+        build()
+    assert fragment in str(raised.value)
+
+
+# (id, bytes of a step request, fragment of the CodecError message)
+MALFORMED_CHUNKS: list[tuple[str, Callable[[], bytes], str]] = [
+    (
+        "mixed kinds",
+        lambda: spliced_step_bytes(make_pq(), make_raw()),
+        "step_req.a[1].k: a 'raw' chunk after a 'pq' chunk 0 (mixing is refused)",
+    ),
+    (
+        "mismatched d",
+        lambda: spliced_step_bytes(make_raw(d=12), make_raw(d=10)),
+        "step_req.a[1].d: d=10 differs from d=12 of chunk 0",
+    ),
+    (
+        "mismatched q",
+        lambda: spliced_step_bytes(make_pq(q=6, R=1), make_pq(q=4, R=1)),
+        "step_req.a[1].q: q=4 differs from q=6 of chunk 0 (one quantizer config per run)",
+    ),
+    (
+        "mismatched R",
+        lambda: spliced_step_bytes(make_pq(R=2), make_pq(R=3)),
+        "step_req.a[1].R: R=3 differs from R=2 of chunk 0",
+    ),
+    (
+        "mismatched L in a third chunk",
+        lambda: spliced_step_bytes(make_pq(L=3), make_pq(L=3, seed=1), make_pq(L=5)),
+        "step_req.a[2].L: L=5 differs from L=3 of chunk 0",
+    ),
+    (
+        "a malformed later chunk",
+        lambda: tamper(
+            spliced_step_bytes(make_pq(), make_pq(seed=1)), lambda o: o["a"][1].update(B=0)
+        ),
+        "step_req.a[1].B: must be in [1, 65536], got 0",
+    ),
+    (
+        "too many chunks",
+        lambda: spliced_step_bytes(*[make_raw(B=1, d=1)] * 4097),
+        "step_req.a: must hold 1..4096 chunks, got 4097",
+    ),
+    (
+        # L = 1 chunks send no codeword bytes, so their rows cost nothing on the wire
+        "total rows over max_batch",
+        lambda: tamper(
+            spliced_step_bytes(make_pq(L=1), make_pq(L=1)),
+            lambda o: [chunk.update(B=40_000) for chunk in o["a"]],
+        ),
+        "step_req.a: 80000 rows in 2 chunk(s), over the limit 65536",
+    ),
+    (
+        # each chunk's B*d is under max_elements, the (rows, d) party B builds is not
+        "total rows*d over max_elements",
+        lambda: tamper(
+            spliced_step_bytes(make_raw(), make_raw()),
+            lambda o: [chunk.update(B=30_000, d=1200) for chunk in o["a"]],
+        ),
+        "step_req.a: rows*d has 72000000 elements, over the limit 67108864",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("build", "fragment"),
+    [case[1:] for case in MALFORMED_CHUNKS],
+    ids=[case[0] for case in MALFORMED_CHUNKS],
+)
+def test_chunks_that_do_not_fit_together_raise_codec_error(
+    build: Callable[[], bytes], fragment: str
+):
+    # Prepare
+    data = build()
+
+    # Act / Assert
+    with pytest.raises(CodecError) as raised:
+        decode_step_request(data)
+    assert fragment in str(raised.value)
+
+
+def test_ids_must_match_the_rows_of_all_chunks():
+    # Prepare
+    message = PredictRequest(ids=list("abcdefg"), chunks=(make_raw(B=4), make_raw(B=3)))
+    data = tamper(encode_predict_request(message), setter("ids", list("abcdef")))
+
+    # Act / Assert
+    assert decode_predict_request(encode_predict_request(message)).rows == 7
+    with pytest.raises(CodecError, match="pred_req.ids: 6 ids for 7 activation rows"):
+        decode_predict_request(data)
 
 
 # ------------------------------------------------------------------------------------------
@@ -722,10 +962,10 @@ def peak_allocation(action: Callable[[], object]) -> int:
     "edit",
     [
         # beyond the default limits
-        lambda o: o["a"].update(B=2**40),
+        lambda o: o["a"][0].update(B=2**40),
         # within per-field limits, L = 1 makes the codewords zero bytes for any B x q: only
         # the element limit stands between these 2**32 codes and a 32 GiB int64 array
-        lambda o: o["a"].update(B=65_536, d=65_536, q=65_536, R=1, L=1, b=0, cw=b""),
+        lambda o: o["a"][0].update(B=65_536, d=65_536, q=65_536, R=1, L=1, b=0, cw=b""),
     ],
 )
 def test_absurd_declared_shapes_fail_fast_without_allocating(edit: Callable[..., None]):
@@ -744,7 +984,7 @@ def test_absurd_declared_shapes_fail_fast_without_allocating(edit: Callable[...,
 def test_shape_checks_hold_even_with_limits_lifted():
     # Prepare: limits so generous that only the byte count can catch B = 2**40
     lifted = DecodeLimits(max_batch=2**62, max_elements=2**62)
-    data = tamper(raw_step_bytes(), lambda o: o["a"].update(B=2**40))
+    data = tamper(raw_step_bytes(), lambda o: o["a"][0].update(B=2**40))
 
     # Act
     peak = peak_allocation(lambda: decode_step_request(data, limits=lifted))
@@ -757,7 +997,7 @@ def test_shape_checks_hold_even_with_limits_lifted():
 
 def test_custom_limits_are_enforced():
     # Prepare
-    message = StepRequest(step=0, batch_digest=DIGEST, activations=make_raw(B=20, d=10))
+    message = make_step_request(make_raw(B=20, d=10), step=0)
     # float16 keeps the 400-byte bin under msgpack's own bin limit (4 bytes per element)
     data = encode_step_request(message, activations_dtype="float16")
 
@@ -765,12 +1005,63 @@ def test_custom_limits_are_enforced():
     assert decode_step_request(data, limits=DecodeLimits(max_elements=200)).step == 0
     with pytest.raises(CodecError, match="must be in \\[1, 10\\], got 20"):
         decode_step_request(data, limits=DecodeLimits(max_batch=10))
-    with pytest.raises(CodecError, match="B\\*d has 200 elements, over the limit 199"):
+    with pytest.raises(CodecError, match="rows\\*d has 200 elements, over the limit 199"):
         decode_step_request(data, limits=DecodeLimits(max_elements=199))
 
 
+def test_chunk_limits_are_enforced():
+    # Prepare: 3 chunks of 4 rows
+    data = encode_step_request(make_step_request(*(make_raw(B=4, seed=i) for i in range(3))))
+
+    # Act / Assert
+    assert len(decode_step_request(data, limits=DecodeLimits(max_chunks=3)).chunks) == 3
+    with pytest.raises(CodecError, match="step_req.a: must hold 1..2 chunks, got 3"):
+        decode_step_request(data, limits=DecodeLimits(max_chunks=2))
+    with pytest.raises(
+        CodecError, match="step_req.a: 12 rows in 3 chunk\\(s\\), over the limit 10"
+    ):
+        decode_step_request(data, limits=DecodeLimits(max_batch=10))
+
+
+def test_msgpack_array_bound_admits_both_ids_and_chunks():
+    # Prepare: 6 ids in 1 chunk, and 1 row in each of 6 chunks
+    ids = encode_predict_request(PredictRequest(ids=list("abcdef"), chunks=(make_raw(B=6),)))
+    chunks = encode_step_request(make_step_request(*[make_raw(B=1)] * 6))
+
+    # Act / Assert: msgpack's own array length limit is the larger of the two limits
+    assert decode_predict_request(ids, limits=DecodeLimits(max_batch=6, max_chunks=1)).rows == 6
+    assert decode_step_request(chunks, limits=DecodeLimits(max_batch=6, max_chunks=6)).rows == 6
+    with pytest.raises(CodecError, match="max_array_len"):
+        decode_step_request(chunks, limits=DecodeLimits(max_batch=5, max_chunks=5))
+
+
+def test_many_chunks_of_many_rows_fail_before_any_payload_is_decoded():
+    # Prepare: 4096 L = 1 chunks of 65 536 rows each; every chunk alone is within the limits,
+    # together they declare 2**28 rows, and decoding their codewords would take 128 GiB
+    one = make_pq(B=1, d=16, q=16, R=1, L=1)
+    data = tamper(
+        spliced_step_bytes(*[one] * 4096),
+        lambda o: [chunk.update(B=65_536) for chunk in o["a"]],
+    )
+
+    # Act
+    peak = peak_allocation(lambda: decode_step_request(data))
+
+    # Assert: what remains is the parsed msgpack maps themselves
+    with pytest.raises(CodecError, match="268435456 rows in 4096 chunk"):
+        decode_step_request(data)
+    assert peak < 8 * 2**20
+
+
 @pytest.mark.parametrize(
-    "kwargs", [{"max_batch": 0}, {"max_dim": -1}, {"max_L": 2**16 + 1}, {"max_metrics": True}]
+    "kwargs",
+    [
+        {"max_batch": 0},
+        {"max_dim": -1},
+        {"max_L": 2**16 + 1},
+        {"max_metrics": True},
+        {"max_chunks": 0},
+    ],
 )
 def test_decode_limits_must_be_sane(kwargs: dict[str, int]):
     with pytest.raises(ValueError, match="DecodeLimits"):
@@ -793,44 +1084,35 @@ def test_decode_limits_must_be_sane(kwargs: dict[str, int]):
         ),
         (
             lambda: encode_step_request(
-                StepRequest(
-                    step=0,
-                    batch_digest=DIGEST,
-                    activations=RawActivations(np.full((2, 2), 1e6, dtype=np.float32)),
-                ),
+                make_step_request(RawActivations(np.full((2, 2), 1e6, dtype=np.float32))),
                 activations_dtype="float16",
             ),
-            "beyond the float16 range",
+            "chunks[0].activations holds NaN or Inf values (or values beyond the float16 range)",
         ),
         (
             lambda: encode_step_request(
-                StepRequest(
-                    step=0,
-                    batch_digest=DIGEST,
-                    activations=PQActivations(
-                        codebook=np.zeros((1, 3, 2), np.float32), codewords=np.array([[0, 3]])
+                make_step_request(
+                    make_pq(L=3),
+                    PQActivations(
+                        codebook=np.zeros((2, 3, 2), np.float32),
+                        codewords=np.array([[0, 1, 2, 0, 1, 3]]),
                     ),
                 )
             ),
-            "codewords must be < L=3",
+            "chunks[1].codewords must be < L=3",
         ),
         (
             lambda: encode_step_request(
-                StepRequest(
-                    step=0,
-                    batch_digest=DIGEST,
-                    activations=PQActivations(
+                make_step_request(
+                    PQActivations(
                         codebook=np.zeros((1, 4, 2), np.float32), codewords=np.array([[0, -1]])
-                    ),
+                    )
                 )
             ),
-            "codewords must lie in [0, L=4)",
+            "chunks[0].codewords must lie in [0, L=4)",
         ),
         (
-            lambda: encode_step_request(
-                StepRequest(step=0, batch_digest=DIGEST, activations=make_pq()),
-                codebook_dtype="float64",
-            ),
+            lambda: encode_step_request(make_step_request(make_pq()), codebook_dtype="float64"),
             "must be 'float32' or 'float16'",
         ),
     ],
@@ -861,27 +1143,21 @@ def test_encoders_refuse_unsendable_messages_with_value_error(
             "R=2 codebooks must divide q=3",
         ),
         (
-            lambda: StepRequest(step=0, batch_digest=b"short", activations=make_raw()),
+            lambda: StepRequest(step=0, batch_digest=b"short", chunks=(make_raw(),)),
             ValueError,
             "8 bytes",
         ),
         (
-            lambda: StepRequest(step=-1, batch_digest=DIGEST, activations=make_raw()),
+            lambda: StepRequest(step=-1, batch_digest=DIGEST, chunks=(make_raw(),)),
             ValueError,
             "step",
         ),
         (
-            lambda: StepRequest(step=True, batch_digest=DIGEST, activations=make_raw()),
+            lambda: StepRequest(step=True, batch_digest=DIGEST, chunks=(make_raw(),)),
             TypeError,
             "bool",
         ),
-        (
-            lambda: StepRequest(step=0, batch_digest=DIGEST, activations="x"),
-            TypeError,
-            "activations",
-        ),
-        (lambda: PredictRequest(ids=["a"], activations=make_raw(B=2)), ValueError, "1 ids for B=2"),
-        (lambda: PredictRequest(ids="ab", activations=make_raw(B=2)), TypeError, "sequence of str"),
+        (lambda: PredictRequest(ids="ab", chunks=(make_raw(B=2),)), TypeError, "sequence of str"),
         (lambda: EvaluateResponse(n=1, loss="x", metrics={}), TypeError, "real number"),
         (lambda: EvaluateResponse(n=1, loss=0.0, metrics={1: 0.0}), TypeError, "metric names"),
     ],
@@ -911,7 +1187,8 @@ def test_messages_coerce_numpy_scalars_to_python_numbers():
 def test_envelope_carries_version_and_type_tag():
     obj = msgpack.unpackb(pq_step_bytes(), raw=False)
     assert (obj["v"], obj["t"]) == (WIRE_VERSION, "step_req")
-    assert isinstance(obj["a"]["cb"], bytes) and isinstance(obj["a"]["cw"], bytes)
+    assert isinstance(obj["a"], list) and len(obj["a"]) == 1
+    assert isinstance(obj["a"][0]["cb"], bytes) and isinstance(obj["a"][0]["cw"], bytes)
 
 
 MSGPACK_VALUES = st.recursive(
@@ -933,11 +1210,16 @@ MSGPACK_VALUES = st.recursive(
 def test_any_field_replaced_by_any_value_raises_codec_error_or_decodes(
     message: object, data: st.DataObject
 ):
-    # Prepare: structure-aware fuzzing, one field (top level or in "a") gets an arbitrary value
+    # Prepare: structure-aware fuzzing, one field (top level or in a chunk of "a") gets an
+    # arbitrary value, or an arbitrary value joins the chunks
     obj = msgpack.unpackb(ENCODER[type(message)](message), raw=False)
-    target = obj["a"] if "a" in obj and data.draw(st.booleans()) else obj
-    key = data.draw(st.sampled_from(sorted(target)))
-    target[key] = data.draw(MSGPACK_VALUES)
+    chunks = obj.get("a", [])
+    if chunks and data.draw(st.integers(0, 3)) == 0:
+        chunks.insert(data.draw(st.integers(0, len(chunks))), data.draw(MSGPACK_VALUES))
+    else:
+        target = data.draw(st.sampled_from([obj, *chunks]))
+        key = data.draw(st.sampled_from(sorted(target)))
+        target[key] = data.draw(MSGPACK_VALUES)
     encoded = msgpack.packb(obj, use_bin_type=True)
 
     # Act / Assert
@@ -971,13 +1253,17 @@ def container_header(count: int) -> int:
     return 1 if count < 16 else 3
 
 
-def activations_size(a: Activations, w: int) -> int:
+def chunk_size(a: Activations, w: int) -> int:
     if isinstance(a, PQActivations):
         cb = a.R * a.L * (a.d // a.q) * w
         cw = (a.B * a.q * (a.L - 1).bit_length() + 7) // 8
         shape = sum(map(int_width, (a.B, a.d, a.q, a.R, a.L)))
         return 31 + shape + bin_size(cb) + bin_size(cw)
     return 19 + int_width(a.B) + int_width(a.d) + bin_size(a.B * a.d * w)
+
+
+def chunks_size(chunks: tuple[Activations, ...], w: int) -> int:
+    return container_header(len(chunks)) + sum(chunk_size(chunk, w) for chunk in chunks)
 
 
 def metrics_size(metrics: dict[str, float]) -> int:
@@ -990,11 +1276,11 @@ def ids_size(ids: list[str]) -> int:
 
 def documented_size(m: object, w: int) -> int:
     if isinstance(m, StepRequest):
-        return 31 + int_width(m.step) + activations_size(m.activations, w)
+        return 31 + int_width(m.step) + chunks_size(m.chunks, w)
     if isinstance(m, EvaluateRequest):
-        return 29 + activations_size(m.activations, w)
+        return 29 + chunks_size(m.chunks, w)
     if isinstance(m, PredictRequest):
-        return 21 + ids_size(m.ids) + activations_size(m.activations, w)
+        return 21 + ids_size(m.ids) + chunks_size(m.chunks, w)
     if isinstance(m, StepResponse):
         B, d = m.grad.shape
         shape = int_width(m.step) + int_width(B) + int_width(d)
