@@ -1,1 +1,39 @@
-"""api_schemas."""
+"""Pydantic models of party B's JSON API and its problem+json errors.
+
+Imports nothing of ours: both parties (and any third-party client) can depend on it alone.
+The msgpack bodies of the training endpoints are described in docs/PROTOCOL.md instead.
+"""
+
+from api_schemas.problems import PROBLEM_CONTENT_TYPE, Problem, ProblemType
+from api_schemas.runs import (
+    AlignmentIn,
+    AlignmentOut,
+    EvalResultOut,
+    OptimizerSpec,
+    QuantizerSpec,
+    ResumeIn,
+    RunCreate,
+    RunList,
+    RunOut,
+    RunStatus,
+    StepLogOut,
+    StepLogPage,
+)
+
+__all__ = [
+    "PROBLEM_CONTENT_TYPE",
+    "AlignmentIn",
+    "AlignmentOut",
+    "EvalResultOut",
+    "OptimizerSpec",
+    "Problem",
+    "ProblemType",
+    "QuantizerSpec",
+    "ResumeIn",
+    "RunCreate",
+    "RunList",
+    "RunOut",
+    "RunStatus",
+    "StepLogOut",
+    "StepLogPage",
+]

@@ -1,0 +1,142 @@
+"""JSON bodies of party B's run endpoints (``/v1/runs...``)."""
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# A model's keyword arguments as plain JSON values (ints, floats, lists of ints).
+ModelKwargs = dict[str, int | float | list[int]]
+Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class RunStatus(StrEnum):
+    CREATED = "created"  # config accepted, waiting for sample alignment
+    TRAINING = "training"  # aligned; steps are accepted
+    FINISHED = "finished"  # no more steps; evaluate and predict still served
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class QuantizerSpec(_Strict):
+    """How party A compresses activations; party B refuses steps that do not match it."""
+
+    mode: Literal["pq", "raw"] = Field(description="'pq' = FedLite, 'raw' = SplitFed baseline")
+    q: int | None = Field(default=None, ge=1, description="subvectors per activation row")
+    R: int = Field(default=1, ge=1, description="groups of subvector positions")
+    L: int | None = Field(default=None, ge=1, le=65536, description="centroids per group")
+    codebook_dtype: Literal["float32", "float16"] = "float32"
+
+    @model_validator(mode="after")
+    def _pq_needs_q_and_L(self) -> Self:
+        if self.mode == "pq":
+            if self.q is None or self.L is None:
+                raise ValueError("mode 'pq' needs q and L")
+            if self.q % self.R:
+                raise ValueError(f"R={self.R} must divide q={self.q}")
+        return self
+
+
+class OptimizerSpec(_Strict):
+    name: Literal["sgd", "adam", "adagrad"]
+    lr: float = Field(gt=0, le=100)
+    momentum: float = Field(default=0.0, ge=0, lt=1, description="SGD only")
+    weight_decay: float = Field(default=0.0, ge=0)
+
+
+class RunCreate(_Strict):
+    """Everything party B needs to train its top model for one run."""
+
+    name: str = Field(min_length=1, max_length=120, description="a label for humans")
+    model: str = Field(description="split-model name, e.g. 'tabular_mlp', 'femnist_cnn'")
+    top: ModelKwargs = Field(
+        default_factory=dict,
+        description="top-model kwargs; num_classes/side_features are filled in by party B",
+    )
+    cut_dim: int = Field(ge=1, description="d, the width of party A's activations")
+    quantizer: QuantizerSpec
+    optimizer: OptimizerSpec = Field(description="party B's optimizer for the top model")
+    batch_size: int = Field(ge=1, description="rows per training step")
+    steps: int = Field(ge=1, description="training steps the run will take")
+    seed: int = Field(ge=0, lt=2**63)
+    checkpoint_interval: int = Field(default=50, ge=1, description="steps between checkpoints")
+    eval_fraction: float = Field(default=0.2, ge=0, lt=1)
+    use_side_features: bool = Field(
+        default=True, description="feed party B's own feature columns to the top model"
+    )
+    grad_dtype: Literal["float32", "float16"] = "float32"
+
+    @model_validator(mode="after")
+    def _pq_fits_cut_dim(self) -> Self:
+        q = self.quantizer.q
+        if self.quantizer.mode == "pq" and q is not None and self.cut_dim % q:
+            raise ValueError(f"quantizer.q={q} must divide cut_dim={self.cut_dim}")
+        return self
+
+
+class AlignmentInfo(BaseModel):
+    aligned: int = Field(description="samples in the intersection")
+    train: int
+    eval: int
+
+
+class RunOut(BaseModel):
+    id: str
+    name: str
+    status: RunStatus
+    config: RunCreate
+    created_at: datetime
+    step: int = Field(description="last training step applied (0 = none)")
+    checkpoints: list[int] = Field(description="steps party B can resume from")
+    alignment_key: str = Field(description="hex HMAC key for hashing sample ids (this run only)")
+    alignment: AlignmentInfo | None = None
+    num_classes: int
+    side_features: int = Field(description="party B feature columns the top model uses")
+
+
+class RunList(BaseModel):
+    runs: list[RunOut]
+
+
+class AlignmentIn(_Strict):
+    hashed_ids: list[Hex] = Field(
+        min_length=1, description="HMAC-SHA256(alignment_key, id) of party A's ids, hex"
+    )
+
+
+class AlignmentOut(BaseModel):
+    intersection: list[str] = Field(description="hashed ids both parties hold, sorted")
+    train: int
+    eval: int
+
+
+class ResumeIn(_Strict):
+    from_step: int = Field(ge=0, description="a step listed in the run's checkpoints")
+
+
+class StepLogOut(BaseModel):
+    step: int
+    loss: float | None
+    accuracy: float | None
+    bytes_in: int
+    bytes_out: int
+    decode_ms: float
+    compute_ms: float
+    total_ms: float
+    created_at: datetime
+
+
+class StepLogPage(BaseModel):
+    steps: list[StepLogOut]
+
+
+class EvalResultOut(BaseModel):
+    step: int
+    split: str
+    n: int
+    loss: float | None
+    metrics: dict[str, float | None]
+    created_at: datetime

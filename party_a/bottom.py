@@ -1,0 +1,187 @@
+"""Party A's half of a training step, in code order, with no HTTP and no database.
+
+    z = bottom(x)                      -> quantize z per chunk -> encode the step request
+    ... party B answers ...
+    decode the response -> g = dh/dz~ + lambda/n (z - z~) -> z.backward(g) -> optimizer step
+
+``n`` is the number of samples party B's mean loss averages over (it reports it), so that the
+correction is the gradient of the mean of the paper's per-sample surrogate losses.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from party_a.errors import ProtocolError
+from shared import codec
+from shared.correction import correct_gradient
+from shared.models import build_bottom, seed_dropout
+from shared.quantizer import GroupedProductQuantizer, PQConfig
+from shared.schedule import step_seed
+from shared.training import make_optimizer, state_from_bytes, state_to_bytes
+
+__all__ = ["BottomTrainer", "PendingStep", "StepResult"]
+
+_TOKEN_MODELS = {"next_token_lstm"}  # models whose input is integer token ids
+
+
+@dataclass
+class PendingStep:
+    """What party A keeps between sending a step and applying its answer."""
+
+    step: int
+    z: Tensor  # (rows, d) with autograd history back to the bottom model
+    z_tilde: Tensor  # (rows, d) exactly what party B will dequantize
+    body: bytes  # the encoded request (resent verbatim on retry)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int
+    loss: float
+    metrics: dict[str, float]
+    bytes_received: int
+
+
+class BottomTrainer:
+    """Bottom model, optimizer and quantizer of one run."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        bottom_kwargs: dict[str, Any],
+        quantizer: dict[str, Any],
+        optimizer: dict[str, Any],
+        seed: int,
+    ) -> None:
+        """``quantizer``: mode ("pq"/"raw"), q, R, L, codebook_dtype, iterations, lambda."""
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            self.model = build_bottom(model, **bottom_kwargs)
+        self.optimizer = make_optimizer(self.model.parameters(), optimizer)
+        self.seed = seed
+        self.tokens = model in _TOKEN_MODELS
+        self.lam = float(quantizer.get("lambda", 0.0))
+        self.codebook_dtype: codec.WireFloat = quantizer.get("codebook_dtype", "float32")
+        self.pq = quantizer["mode"] == "pq"
+        self._quantizer_spec = quantizer
+        self._quantizers: dict[int, GroupedProductQuantizer] = {}
+
+    # ------------------------------------------------------------------ training
+
+    def request(
+        self,
+        step: int,
+        x: np.ndarray,
+        digest: bytes,
+        *,
+        chunk_sizes: Sequence[int] | None = None,
+    ) -> PendingStep:
+        """Forward the batch and encode the step request (chunks quantized independently)."""
+        self.model.train()
+        seed_dropout(self.model, step_seed(self.seed, step, "dropout-bottom"))
+        z = self.model(self._input(x))  # (rows, d)
+        chunks, z_tilde = self._compress(z, step, "kmeans", chunk_sizes)
+        body = codec.encode_step_request(
+            codec.StepRequest(step=step, batch_digest=digest, chunks=chunks),
+            codebook_dtype=self.codebook_dtype,
+        )
+        return PendingStep(step=step, z=z, z_tilde=z_tilde, body=body)
+
+    def apply(self, pending: PendingStep, response: bytes) -> StepResult:
+        """Decode party B's answer, correct the gradient and update the bottom model."""
+        try:
+            answer = codec.decode_step_response(response)
+        except codec.CodecError as exc:
+            raise ProtocolError(f"step {pending.step}: undecodable response: {exc}") from None
+        if answer.step != pending.step or answer.grad.shape != tuple(pending.z.shape):
+            raise ProtocolError(
+                f"step {pending.step}: response for step {answer.step} with gradient "
+                f"{answer.grad.shape}, expected {tuple(pending.z.shape)}"
+            )
+        grad = torch.from_numpy(answer.grad)
+        n = answer.metrics.get("n", float(pending.z.shape[0]))
+        corrected = correct_gradient(
+            grad, pending.z, pending.z_tilde, self.lam, sample_weight=1.0 / max(n, 1.0)
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(pending.z, corrected)
+        self.optimizer.step()
+        return StepResult(
+            step=pending.step,
+            loss=answer.loss,
+            metrics=answer.metrics,
+            bytes_received=len(response),
+        )
+
+    # ------------------------------------------------------------------ serving
+
+    @torch.no_grad()
+    def activations(
+        self, x: np.ndarray, *, tag: str, chunk_size: int
+    ) -> tuple[codec.Activations, ...]:
+        """Forward only (eval mode) and compress in chunks of ``chunk_size`` rows."""
+        self.model.eval()
+        z = self.model(self._input(x))
+        sizes = [min(chunk_size, len(z) - i) for i in range(0, len(z), chunk_size)]
+        chunks, _ = self._compress(z, 0, tag, sizes)
+        return chunks
+
+    # ------------------------------------------------------------------ state
+
+    def state(self) -> tuple[bytes, bytes]:
+        return state_to_bytes(self.model.state_dict()), state_to_bytes(self.optimizer.state_dict())
+
+    def load_state(self, model_state: bytes, optimizer_state: bytes) -> None:
+        self.model.load_state_dict(state_from_bytes(model_state))
+        self.optimizer.load_state_dict(state_from_bytes(optimizer_state))
+
+    # ------------------------------------------------------------------ internals
+
+    def _input(self, x: np.ndarray) -> Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(x))
+        return t.long() if self.tokens else t.float()
+
+    def _compress(
+        self, z: Tensor, step: int, purpose: str, chunk_sizes: Sequence[int] | None
+    ) -> tuple[tuple[codec.Activations, ...], Tensor]:
+        """Chunks for the wire and the z~ (rows, d) party B will rebuild from them."""
+        sizes = list(chunk_sizes) if chunk_sizes else [int(z.shape[0])]
+        if sum(sizes) != z.shape[0]:
+            raise ValueError(f"chunk sizes {sizes} do not add up to {z.shape[0]} rows")
+        detached = z.detach()
+        if not self.pq:
+            chunk_list: list[codec.Activations] = [
+                codec.RawActivations(part.numpy()) for part in torch.split(detached, sizes)
+            ]
+            return tuple(chunk_list), detached
+        quantizer = self._quantizer(int(z.shape[1]))
+        chunks: list[codec.Activations] = []
+        rebuilt = []
+        for index, part in enumerate(torch.split(detached, sizes)):
+            code = quantizer.encode(part, seed=step_seed(self.seed, step, f"{purpose}-{index}"))
+            if self.codebook_dtype == "float16":
+                # party B rebuilds z~ from the float16 codebook: use the same one here
+                code = type(code)(code.codebook.half().float(), code.codewords)
+            chunks.append(codec.PQActivations(code.codebook.numpy(), code.codewords.numpy()))
+            rebuilt.append(quantizer.decode(code))
+        return tuple(chunks), torch.cat(rebuilt) if len(rebuilt) > 1 else rebuilt[0]
+
+    def _quantizer(self, d: int) -> GroupedProductQuantizer:
+        if d not in self._quantizers:
+            spec = self._quantizer_spec
+            self._quantizers[d] = GroupedProductQuantizer(
+                d,
+                PQConfig(
+                    q=int(spec["q"]),
+                    L=int(spec["L"]),
+                    R=int(spec.get("R", 1)),
+                    iterations=int(spec.get("iterations", 10)),
+                ),
+            )
+        return self._quantizers[d]

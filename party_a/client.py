@@ -1,0 +1,180 @@
+"""Party A's HTTP client for party B's API (httpx, keep-alive, retries with backoff).
+
+Retrying is safe for every call: steps are idempotent at party B (a resent step gets the
+identical stored answer), alignment is idempotent, and the rest are reads or state changes
+that check where the run is. Connection errors, timeouts and 5xx are retried with
+exponential backoff and jitter until ``retry_for`` seconds have passed -- long enough for
+party B to be restarted under a process supervisor. Anything problem+json becomes a typed
+:class:`party_a.errors.ProblemResponse`.
+"""
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from api_schemas import AlignmentIn, AlignmentOut, ResumeIn, RunCreate, RunOut
+from api_schemas.problems import MSGPACK_CONTENT_TYPE, PROBLEM_CONTENT_TYPE
+from party_a.errors import ProtocolError, TransportError, problem_from_body
+
+__all__ = ["HttpTransport", "Transport"]
+
+log = logging.getLogger("fedlite.party_a")
+M = TypeVar("M", bound=BaseModel)
+_RETRY_STATUS = {500, 502, 503, 504}
+
+
+class Transport(Protocol):
+    """The calls party A's trainer makes; HTTP here, in-process in the experiment harness."""
+
+    def create_run(self, spec: RunCreate) -> RunOut: ...
+    def get_run(self, run_id: str) -> RunOut: ...
+    def align(self, run_id: str, hashed_ids: list[str]) -> AlignmentOut: ...
+    def step(self, run_id: str, body: bytes) -> bytes: ...
+    def resume(self, run_id: str, from_step: int) -> RunOut: ...
+    def evaluate(self, run_id: str, body: bytes, split: str = "eval") -> bytes: ...
+    def predict(self, run_id: str, body: bytes) -> bytes: ...
+    def finish(self, run_id: str) -> RunOut: ...
+
+
+class HttpTransport:
+    """:class:`Transport` over HTTP(S) to a party B server."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        ca_bundle: Path | None = None,
+        timeout: float = 120.0,
+        retry_for: float = 300.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._client = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}", "User-Agent": "fedlite-a/1"},
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            verify=str(ca_bundle) if ca_bundle else True,
+        )
+        self._retry_for = retry_for
+        self._sleep = sleep
+        self.retries = 0  # retried attempts so far (reported in the training summary)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "HttpTransport":
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ JSON endpoints
+
+    def create_run(self, spec: RunCreate) -> RunOut:
+        return self._json("POST", "/v1/runs", RunOut, body=spec)
+
+    def get_run(self, run_id: str) -> RunOut:
+        return self._json("GET", f"/v1/runs/{run_id}", RunOut)
+
+    def align(self, run_id: str, hashed_ids: list[str]) -> AlignmentOut:
+        body = AlignmentIn(hashed_ids=hashed_ids)
+        return self._json("POST", f"/v1/runs/{run_id}/alignment", AlignmentOut, body=body)
+
+    def resume(self, run_id: str, from_step: int) -> RunOut:
+        body = ResumeIn(from_step=from_step)
+        return self._json("POST", f"/v1/runs/{run_id}/resume", RunOut, body=body)
+
+    def finish(self, run_id: str) -> RunOut:
+        return self._json("POST", f"/v1/runs/{run_id}/finish", RunOut)
+
+    def step_log(self, run_id: str) -> list[dict[str, Any]]:
+        response = self._send("GET", f"/v1/runs/{run_id}/steps", params={"limit": 10_000})
+        steps: list[dict[str, Any]] = self._parse_json(response)["steps"]
+        return steps
+
+    # ------------------------------------------------------------------ msgpack endpoints
+
+    def step(self, run_id: str, body: bytes) -> bytes:
+        return self._msgpack(f"/v1/runs/{run_id}/steps", body)
+
+    def evaluate(self, run_id: str, body: bytes, split: str = "eval") -> bytes:
+        return self._msgpack(f"/v1/runs/{run_id}/evaluate", body, params={"split": split})
+
+    def predict(self, run_id: str, body: bytes) -> bytes:
+        return self._msgpack(f"/v1/runs/{run_id}/predict", body)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _json(self, method: str, path: str, model: type[M], *, body: BaseModel | None = None) -> M:
+        content = body.model_dump_json().encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if content is not None else {}
+        response = self._send(method, path, content=content, headers=headers)
+        return model.model_validate(self._parse_json(response))
+
+    def _msgpack(self, path: str, body: bytes, params: dict[str, str] | None = None) -> bytes:
+        response = self._send(
+            "POST",
+            path,
+            content=body,
+            headers={"Content-Type": MSGPACK_CONTENT_TYPE, "Accept": MSGPACK_CONTENT_TYPE},
+            params=params,
+        )
+        if _media(response) != MSGPACK_CONTENT_TYPE:
+            raise ProtocolError(f"{path}: expected {MSGPACK_CONTENT_TYPE}, got {_media(response)}")
+        return response.content
+
+    @staticmethod
+    def _parse_json(response: httpx.Response) -> Any:
+        if _media(response) != "application/json":
+            raise ProtocolError(f"expected application/json, got {_media(response)}")
+        try:
+            return response.json()
+        except json.JSONDecodeError as exc:
+            raise ProtocolError(f"invalid JSON from party B: {exc}") from None
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request with retries; returns a 2xx response or raises a typed error."""
+        deadline = time.monotonic() + self._retry_for
+        delay = 0.1
+        while True:
+            try:
+                response = self._client.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code < 400:
+                    return response
+                if response.status_code not in _RETRY_STATUS:
+                    raise self._problem(response)
+                failure = f"HTTP {response.status_code}"
+            if time.monotonic() + delay > deadline:
+                raise TransportError(
+                    f"{method} {path}: party B unreachable for {self._retry_for:.0f} s ({failure})"
+                )
+            log.warning("%s %s failed (%s); retrying in %.1f s", method, path, failure, delay)
+            self.retries += 1
+            self._sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 5.0)
+
+    @staticmethod
+    def _problem(response: httpx.Response) -> Exception:
+        if _media(response) == PROBLEM_CONTENT_TYPE:
+            try:
+                return problem_from_body(response.status_code, response.json())
+            except (json.JSONDecodeError, AttributeError):
+                pass
+        return ProtocolError(
+            f"HTTP {response.status_code} from party B without problem+json: "
+            f"{response.text[:200]!r}"
+        )
+
+
+def _media(response: httpx.Response) -> str:
+    return str(response.headers.get("content-type", "")).split(";")[0].strip().lower()

@@ -1,0 +1,159 @@
+"""Party A's run configuration: a TOML file (``--config run.toml``), flags override it.
+
+Example (every table but [run] is optional)::
+
+    [run]
+    name = "breast"              # the local name a run is resumed by
+    model = "tabular_mlp"
+    steps = 300
+    batch_size = 32
+    seed = 0
+    checkpoint_interval = 25
+    eval_fraction = 0.2
+    use_side_features = true     # party B feeds its own columns to the top model
+
+    [model.bottom]               # party A's bottom model (in_features defaults to the data)
+    hidden = [64]
+    cut_dim = 32
+
+    [model.top]                  # sent to party B
+    hidden = [32]
+
+    [quantizer]                  # mode = "raw" is the SplitFed baseline
+    mode = "pq"
+    q = 8
+    L = 4
+    R = 1
+    lambda = 0.001               # gradient correction strength, party A's alone
+    iterations = 10              # k-means Lloyd iterations per batch
+
+    [optimizer.bottom]
+    name = "adam"
+    lr = 0.001
+
+    [optimizer.top]
+    name = "adam"
+    lr = 0.001
+
+    [data]
+    feature_columns = []         # default: every column but the id
+    standardize = true
+"""
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from api_schemas import OptimizerSpec, QuantizerSpec, RunCreate
+from party_a.errors import ConfigError
+
+__all__ = ["PartyAConfig", "load_config"]
+
+ModelKwargs = dict[str, int | float | list[int]]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunSection(_Strict):
+    name: str = Field(min_length=1, max_length=120)
+    model: str
+    steps: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    seed: int = Field(default=0, ge=0)
+    checkpoint_interval: int = Field(default=50, ge=1)
+    eval_fraction: float = Field(default=0.2, ge=0, lt=1)
+    use_side_features: bool = True
+    grad_dtype: Literal["float32", "float16"] = "float32"
+
+
+class ModelSection(_Strict):
+    bottom: ModelKwargs = Field(default_factory=dict)
+    top: ModelKwargs = Field(default_factory=dict)
+
+
+class QuantizerSection(QuantizerSpec):
+    lambda_: float = Field(default=0.0, ge=0, alias="lambda")
+    iterations: int = Field(default=10, ge=0)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def spec(self) -> QuantizerSpec:
+        return QuantizerSpec.model_validate(
+            self.model_dump(include={"mode", "q", "R", "L", "codebook_dtype"})
+        )
+
+
+class OptimizerSection(_Strict):
+    bottom: OptimizerSpec = Field(default_factory=lambda: OptimizerSpec(name="sgd", lr=0.1))
+    top: OptimizerSpec = Field(default_factory=lambda: OptimizerSpec(name="sgd", lr=0.1))
+
+
+class DataSection(_Strict):
+    feature_columns: list[str] = Field(default_factory=list)
+    standardize: bool = True
+
+
+class PartyAConfig(_Strict):
+    run: RunSection
+    model: ModelSection = Field(default_factory=ModelSection)
+    quantizer: QuantizerSection = Field(
+        default_factory=lambda: QuantizerSection.model_validate({"mode": "raw"})
+    )
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    data: DataSection = Field(default_factory=DataSection)
+
+    @model_validator(mode="after")
+    def _known_model(self) -> Self:
+        from shared.models import MODEL_NAMES
+
+        if self.run.model not in MODEL_NAMES:
+            raise ValueError(f"unknown model {self.run.model!r}; known: {list(MODEL_NAMES)}")
+        return self
+
+    def run_create(self, cut_dim: int) -> RunCreate:
+        """The run as party B sees it (lambda and the bottom model stay with party A)."""
+        return RunCreate(
+            name=self.run.name,
+            model=self.run.model,
+            top=self.model.top,
+            cut_dim=cut_dim,
+            quantizer=self.quantizer.spec(),
+            optimizer=self.optimizer.top,
+            batch_size=self.run.batch_size,
+            steps=self.run.steps,
+            seed=self.run.seed,
+            checkpoint_interval=self.run.checkpoint_interval,
+            eval_fraction=self.run.eval_fraction,
+            use_side_features=self.run.use_side_features,
+            grad_dtype=self.run.grad_dtype,
+        )
+
+
+def load_config(path: Path | None, overrides: dict[str, Any]) -> PartyAConfig:
+    """Read ``path`` (TOML) and apply dotted-key ``overrides`` ({"quantizer.L": 8, ...})."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"no such config file: {path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    for dotted, value in overrides.items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"cannot set {dotted}: {part} is not a table")
+        node[leaf] = value
+    try:
+        return PartyAConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        where = f" in {path}" if path else ""
+        raise ConfigError(f"invalid configuration{where}:\n" + "\n".join(lines)) from None

@@ -1,0 +1,121 @@
+"""Exceptions of party A's client side.
+
+::
+
+    FedliteError
+     ├── ConfigError            a config file or flag that cannot work
+     ├── TransportError         party B unreachable after every retry
+     ├── ProtocolError          a response that is not what the protocol promises
+     └── ProblemResponse        party B answered with problem+json (type, status, detail)
+          ├── Unauthorized          401
+          ├── NotFound              404
+          ├── StepOutOfOrder        409 step-out-of-order (expected_step, applied_step)
+          ├── StepReplayMismatch    409 step-replay-mismatch
+          ├── BatchMismatch         409 batch-mismatch
+          ├── CheckpointNotFound    409 checkpoint-not-found (checkpoints)
+          ├── RunStateConflict      409 run-state
+          └── TrainingDiverged      422 training-diverged
+"""
+
+from typing import Any
+
+from api_schemas.problems import ProblemType
+
+__all__ = [
+    "BatchMismatch",
+    "CheckpointNotFound",
+    "ConfigError",
+    "FedliteError",
+    "NotFound",
+    "ProblemResponse",
+    "ProtocolError",
+    "RunStateConflict",
+    "StepOutOfOrder",
+    "StepReplayMismatch",
+    "TrainingDiverged",
+    "TransportError",
+    "Unauthorized",
+    "problem_from_body",
+]
+
+
+class FedliteError(Exception):
+    """Base of everything party A raises on purpose."""
+
+
+class ConfigError(FedliteError):
+    pass
+
+
+class TransportError(FedliteError):
+    pass
+
+
+class ProtocolError(FedliteError):
+    pass
+
+
+class ProblemResponse(FedliteError):
+    """party B's problem+json, with its members available as attributes and in ``extra``."""
+
+    def __init__(self, status: int, type_: str, title: str, detail: str, extra: dict[str, Any]):
+        super().__init__(f"party B: {title} ({status}): {detail}")
+        self.status = status
+        self.type = type_
+        self.title = title
+        self.detail = detail
+        self.extra = extra
+
+
+class Unauthorized(ProblemResponse):
+    pass
+
+
+class NotFound(ProblemResponse):
+    pass
+
+
+class StepOutOfOrder(ProblemResponse):
+    @property
+    def applied_step(self) -> int:
+        return int(self.extra.get("applied_step", -1))
+
+
+class StepReplayMismatch(ProblemResponse):
+    pass
+
+
+class BatchMismatch(ProblemResponse):
+    pass
+
+
+class CheckpointNotFound(ProblemResponse):
+    pass
+
+
+class RunStateConflict(ProblemResponse):
+    pass
+
+
+class TrainingDiverged(ProblemResponse):
+    pass
+
+
+_BY_TYPE: dict[str, type[ProblemResponse]] = {
+    ProblemType.UNAUTHORIZED: Unauthorized,
+    ProblemType.NOT_FOUND: NotFound,
+    ProblemType.STEP_OUT_OF_ORDER: StepOutOfOrder,
+    ProblemType.STEP_REPLAY_MISMATCH: StepReplayMismatch,
+    ProblemType.BATCH_MISMATCH: BatchMismatch,
+    ProblemType.CHECKPOINT_NOT_FOUND: CheckpointNotFound,
+    ProblemType.RUN_STATE: RunStateConflict,
+    ProblemType.TRAINING_DIVERGED: TrainingDiverged,
+}
+
+
+def problem_from_body(status: int, body: dict[str, Any]) -> ProblemResponse:
+    """The typed exception for a decoded problem+json body."""
+    type_ = str(body.get("type", "about:blank"))
+    extra = {k: v for k, v in body.items() if k not in ("type", "title", "status", "detail")}
+    cls = _BY_TYPE.get(type_, ProblemResponse)
+    return cls(status, type_, str(body.get("title", "")), str(body.get("detail", "")), extra)

@@ -1,0 +1,212 @@
+"""Party A's own persistent state (SQLite through SQLAlchemy): runs, checkpoints, step log.
+
+A local run is found again by (server URL, run name), so ``fedlite-a train`` with the same
+config picks up where it stopped. Checkpoints hold the bottom model and optimizer after a
+step and are written in one transaction with the pruning of older ones.
+"""
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Engine,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+    UniqueConstraint,
+    create_engine,
+    delete,
+    event,
+    select,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+__all__ = ["LocalCheckpoint", "LocalRun", "LocalStep", "LocalStore"]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class LocalRun(Base):
+    __tablename__ = "runs"
+    __table_args__ = (UniqueConstraint("server", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    server: Mapped[str] = mapped_column(String(500))
+    name: Mapped[str] = mapped_column(String(120))
+    remote_id: Mapped[str] = mapped_column(String(64))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    alignment_key: Mapped[str] = mapped_column(String(64))
+    aligned_ids: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    status: Mapped[str] = mapped_column(String(16), default="training")
+    final_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class LocalCheckpoint(Base):
+    __tablename__ = "checkpoints"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_state: Mapped[bytes] = mapped_column(LargeBinary)
+    optimizer_state: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class LocalStep(Base):
+    __tablename__ = "steps"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    loss: Mapped[float | None] = mapped_column(Float)
+    bytes_sent: Mapped[int] = mapped_column(Integer)
+    bytes_received: Mapped[int] = mapped_column(Integer)
+    raw_bytes: Mapped[int] = mapped_column(Integer)  # what SplitFed would have sent
+    step_ms: Mapped[float] = mapped_column(Float)
+
+
+class LocalStore:
+    """Party A's database. One file per state directory; safe to reopen after a crash."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = _make_engine(url)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @classmethod
+    def in_directory(cls, directory: Path) -> "LocalStore":
+        directory.mkdir(parents=True, exist_ok=True)
+        return cls(f"sqlite:///{(directory / 'party_a.sqlite').resolve()}")
+
+    def session(self) -> Session:
+        return self._sessions()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ------------------------------------------------------------------ runs
+
+    def find_run(self, server: str, name: str) -> LocalRun | None:
+        with self.session() as s:
+            return s.scalar(
+                select(LocalRun).where(LocalRun.server == server, LocalRun.name == name)
+            )
+
+    def add_run(self, run: LocalRun) -> LocalRun:
+        with self.session() as s:
+            s.add(run)
+            s.commit()
+            return run
+
+    def update_run(self, run_id: int, **fields: Any) -> None:
+        with self.session() as s:
+            run = s.get(LocalRun, run_id)
+            assert run is not None
+            for key, value in fields.items():
+                setattr(run, key, value)
+            s.commit()
+
+    def delete_run(self, run_id: int) -> None:
+        with self.session() as s:
+            s.execute(delete(LocalStep).where(LocalStep.run_id == run_id))
+            s.execute(delete(LocalCheckpoint).where(LocalCheckpoint.run_id == run_id))
+            s.execute(delete(LocalRun).where(LocalRun.id == run_id))
+            s.commit()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(
+        self, run_id: int, step: int, model_state: bytes, optimizer_state: bytes, *, keep: int
+    ) -> None:
+        with self.session() as s:
+            s.merge(
+                LocalCheckpoint(
+                    run_id=run_id,
+                    step=step,
+                    model_state=model_state,
+                    optimizer_state=optimizer_state,
+                )
+            )
+            s.flush()
+            kept = s.scalars(
+                select(LocalCheckpoint.step)
+                .where(LocalCheckpoint.run_id == run_id)
+                .order_by(LocalCheckpoint.step.desc())
+                .limit(keep)
+            ).all()
+            s.execute(
+                delete(LocalCheckpoint).where(
+                    LocalCheckpoint.run_id == run_id, LocalCheckpoint.step.not_in(kept)
+                )
+            )
+            s.commit()
+
+    def checkpoint_steps(self, run_id: int) -> list[int]:
+        with self.session() as s:
+            return list(
+                s.scalars(
+                    select(LocalCheckpoint.step)
+                    .where(LocalCheckpoint.run_id == run_id)
+                    .order_by(LocalCheckpoint.step)
+                )
+            )
+
+    def load_checkpoint(self, run_id: int, step: int | None = None) -> LocalCheckpoint | None:
+        with self.session() as s:
+            query = select(LocalCheckpoint).where(LocalCheckpoint.run_id == run_id)
+            if step is None:
+                query = query.order_by(LocalCheckpoint.step.desc()).limit(1)
+            else:
+                query = query.where(LocalCheckpoint.step == step)
+            return s.scalars(query).first()
+
+    def forget_after(self, run_id: int, step: int) -> None:
+        """Drop steps and checkpoints past ``step`` (the run was rolled back to it)."""
+        with self.session() as s:
+            s.execute(delete(LocalStep).where(LocalStep.run_id == run_id, LocalStep.step > step))
+            s.execute(
+                delete(LocalCheckpoint).where(
+                    LocalCheckpoint.run_id == run_id, LocalCheckpoint.step > step
+                )
+            )
+            s.commit()
+
+    # ------------------------------------------------------------------ step log
+
+    def log_step(self, entry: LocalStep) -> None:
+        with self.session() as s:
+            s.merge(entry)
+            s.commit()
+
+    def steps(self, run_id: int) -> list[LocalStep]:
+        with self.session() as s:
+            return list(
+                s.scalars(
+                    select(LocalStep).where(LocalStep.run_id == run_id).order_by(LocalStep.step)
+                )
+            )
+
+
+def _make_engine(url: str) -> Engine:
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    Base.metadata.create_all(engine)
+    return engine

@@ -1,0 +1,338 @@
+"""Party A's training session: find or create the run, align ids, train, evaluate, finish.
+
+Crash recovery needs no operator. Party A keeps checkpoints at the same steps as party B
+(every ``checkpoint_interval``). Whenever the two disagree about where the run is -- party B
+restarted from an older checkpoint, or party A itself restarted -- party A reads party B's
+applied step and checkpoint list and:
+
+* if party B has applied exactly party A's step: carries on;
+* if party B is one step ahead (it applied a step whose answer was lost): resends that step,
+  which party B answers from its stored response;
+* otherwise: restores the newest checkpoint both sides hold and asks party B to ``resume``
+  from it, then replays. Every step is derived from (seed, step), so the replay is
+  bit-identical and the run ends exactly as an uninterrupted one would.
+"""
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from api_schemas import RunOut
+from party_a.bottom import BottomTrainer, PendingStep, StepResult
+from party_a.client import Transport
+from party_a.config import PartyAConfig
+from party_a.errors import (
+    BatchMismatch,
+    ConfigError,
+    NotFound,
+    ProtocolError,
+    StepOutOfOrder,
+)
+from party_a.features import FeatureTable
+from party_a.state import LocalRun, LocalStep, LocalStore
+from shared import codec
+from shared.accounting import raw_step_request_bytes
+from shared.alignment import hmac_ids
+from shared.models import cut_dim as model_cut_dim
+from shared.schedule import batch_digest, batch_positions, split_train_eval
+
+__all__ = ["PartyATrainer", "TrainSummary"]
+
+log = logging.getLogger("fedlite.party_a")
+
+CHECKPOINTS_KEPT = 3
+
+
+@dataclass
+class TrainSummary:
+    run_id: str
+    steps: int  # steps of the run
+    last_step: int  # last step applied
+    last_loss: float
+    bytes_sent: int  # step request bodies sent (training only, all attempts that counted)
+    bytes_received: int
+    raw_bytes: int  # what SplitFed's raw float32 requests would have been
+    seconds: float
+    rollbacks: int = 0
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def compression(self) -> float:
+        return self.raw_bytes / self.bytes_sent if self.bytes_sent else 1.0
+
+
+class PartyATrainer:
+    def __init__(
+        self,
+        *,
+        config: PartyAConfig,
+        features: FeatureTable,
+        transport: Transport,
+        store: LocalStore,
+        server: str,
+        on_step: Callable[[StepResult, TrainSummary], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.features = features
+        self.transport = transport
+        self.store = store
+        self.server = server
+        self.on_step = on_step
+        bottom_kwargs = dict(config.model.bottom)
+        if config.run.model == "tabular_mlp":
+            bottom_kwargs.setdefault("in_features", features.x.shape[1])
+        self.bottom_kwargs = bottom_kwargs
+        self.cut_dim = model_cut_dim(config.run.model, **bottom_kwargs)
+        self.bottom = BottomTrainer(
+            model=config.run.model,
+            bottom_kwargs=bottom_kwargs,
+            quantizer={
+                **config.quantizer.model_dump(by_alias=True),
+            },
+            optimizer=config.optimizer.bottom.model_dump(),
+            seed=config.run.seed,
+        )
+        self.local: LocalRun | None = None
+        self.step = 0
+        self.rows: np.ndarray = np.zeros(0, dtype=np.int64)  # feature row of each aligned key
+        self.aligned: list[bytes] = []
+        self.train_pos: np.ndarray = np.zeros(0, dtype=np.int64)
+        self.eval_pos: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._raw_step_bytes = raw_step_request_bytes(d=self.cut_dim, batch=config.run.batch_size)
+
+    # ================================================================== set-up
+
+    @property
+    def run_id(self) -> str:
+        assert self.local is not None, "call prepare() first"
+        return self.local.remote_id
+
+    def prepare(self) -> RunOut:
+        """Find the local run (or create it at party B), align ids, restore the checkpoint."""
+        spec = self.config.run_create(self.cut_dim)
+        local = self.store.find_run(self.server, self.config.run.name)
+        if local is not None and local.config != self._fingerprint():
+            raise ConfigError(
+                f"a run named {self.config.run.name!r} with another configuration exists in "
+                "this state directory; choose a new [run] name"
+            )
+        if local is not None:
+            try:
+                remote = self.transport.get_run(local.remote_id)
+            except NotFound:
+                raise ConfigError(
+                    f"party B no longer knows run {local.remote_id} ({local.name}); "
+                    "choose a new [run] name or another state directory"
+                ) from None
+        else:
+            remote = self.transport.create_run(spec)
+            local = self.store.add_run(
+                LocalRun(
+                    server=self.server,
+                    name=self.config.run.name,
+                    remote_id=remote.id,
+                    config=self._fingerprint(),
+                    alignment_key=remote.alignment_key,
+                )
+            )
+            log.info("created run %s at party B", remote.id)
+        self.local = local
+        self._align(local)
+        checkpoint = self.store.load_checkpoint(local.id)
+        if checkpoint is None:
+            model_state, optimizer_state = self.bottom.state()
+            self.store.save_checkpoint(
+                local.id, 0, model_state, optimizer_state, keep=CHECKPOINTS_KEPT
+            )
+        else:
+            self.bottom.load_state(checkpoint.model_state, checkpoint.optimizer_state)
+            self.step = checkpoint.step
+            self.store.forget_after(local.id, checkpoint.step)
+            log.info("resuming run %s from local checkpoint at step %d", local.remote_id, self.step)
+        return self.transport.get_run(local.remote_id)
+
+    def _fingerprint(self) -> dict[str, Any]:
+        return self.config.model_dump(mode="json", by_alias=True)
+
+    def _align(self, local: LocalRun) -> None:
+        key = bytes.fromhex(local.alignment_key)
+        keys = hmac_ids(key, self.features.ids)
+        if local.aligned_ids is None:
+            answer = self.transport.align(local.remote_id, [k.hex() for k in keys])
+            aligned = [bytes.fromhex(h) for h in answer.intersection]
+            self.store.update_run(local.id, aligned_ids=b"".join(aligned))
+            local.aligned_ids = b"".join(aligned)
+            log.info(
+                "aligned %d samples (%d train, %d eval)", len(aligned), answer.train, answer.eval
+            )
+        blob = local.aligned_ids
+        self.aligned = [blob[i : i + 32] for i in range(0, len(blob), 32)]
+        row_of = {k: row for row, k in enumerate(keys)}
+        missing = [k for k in self.aligned if k not in row_of]
+        if missing:
+            raise ConfigError(f"{len(missing)} aligned ids are not in the feature table any more")
+        self.rows = np.array([row_of[k] for k in self.aligned], dtype=np.int64)
+        self.train_pos, self.eval_pos = split_train_eval(
+            len(self.aligned),
+            seed=self.config.run.seed,
+            eval_fraction=self.config.run.eval_fraction,
+        )
+
+    # ================================================================== training
+
+    def train(self) -> TrainSummary:
+        """Run every remaining step; resumable at any point by calling it again."""
+        assert self.local is not None, "call prepare() first"
+        run = self.config.run
+        summary = TrainSummary(
+            run_id=self.run_id,
+            steps=run.steps,
+            last_step=self.step,
+            last_loss=float("nan"),
+            bytes_sent=0,
+            bytes_received=0,
+            raw_bytes=0,
+            seconds=0.0,
+        )
+        started = time.perf_counter()
+        self._reconcile(summary)
+        stalled = 0
+        while self.step < run.steps:
+            t = self.step + 1
+            step_started = time.perf_counter()
+            positions = self.train_pos[
+                batch_positions(t, batch_size=run.batch_size, n=len(self.train_pos), seed=run.seed)
+            ]
+            pending = self.bottom.request(
+                t,
+                self.features.x[self.rows[positions]],
+                batch_digest([self.aligned[p] for p in positions]),
+            )
+            try:
+                response = self.transport.step(self.run_id, pending.body)
+            except StepOutOfOrder as exc:
+                stalled += 1
+                if stalled > 3:
+                    raise ProtocolError(f"cannot agree with party B on the step: {exc}") from None
+                log.warning("party B is elsewhere (%s); reconciling", exc.detail)
+                self._reconcile(summary)
+                continue
+            except BatchMismatch as exc:
+                raise ProtocolError(f"the parties disagree on step {t}'s batch: {exc}") from None
+            stalled = 0
+            result = self.bottom.apply(pending, response)
+            self._after_step(pending, result, summary, time.perf_counter() - step_started)
+        summary.seconds = time.perf_counter() - started
+        return summary
+
+    def _after_step(
+        self, pending: PendingStep, result: StepResult, summary: TrainSummary, seconds: float
+    ) -> None:
+        assert self.local is not None
+        self.step = pending.step
+        summary.last_step = pending.step
+        summary.last_loss = result.loss
+        summary.bytes_sent += len(pending.body)
+        summary.bytes_received += result.bytes_received
+        summary.raw_bytes += self._raw_step_bytes
+        self.store.log_step(
+            LocalStep(
+                run_id=self.local.id,
+                step=pending.step,
+                loss=result.loss if np.isfinite(result.loss) else None,
+                bytes_sent=len(pending.body),
+                bytes_received=result.bytes_received,
+                raw_bytes=self._raw_step_bytes,
+                step_ms=1000 * seconds,
+            )
+        )
+        run = self.config.run
+        if pending.step % run.checkpoint_interval == 0 or pending.step == run.steps:
+            model_state, optimizer_state = self.bottom.state()
+            self.store.save_checkpoint(
+                self.local.id, pending.step, model_state, optimizer_state, keep=CHECKPOINTS_KEPT
+            )
+        if self.on_step is not None:
+            self.on_step(result, summary)
+
+    def _reconcile(self, summary: TrainSummary) -> None:
+        """Bring party A and party B to the same step (see the module docstring)."""
+        assert self.local is not None
+        remote = self.transport.get_run(self.run_id)
+        if remote.step in (self.step, self.step + 1):
+            return  # in step, or party B will replay its stored answer for step + 1
+        local_steps = self.store.checkpoint_steps(self.local.id)
+        common = [
+            s for s in local_steps if s in remote.checkpoints and s <= min(self.step, remote.step)
+        ]
+        if not common:
+            raise ProtocolError(
+                f"no common checkpoint: party A has {local_steps} (at step {self.step}), "
+                f"party B has {remote.checkpoints} (at step {remote.step})"
+            )
+        target = max(common)
+        checkpoint = self.store.load_checkpoint(self.local.id, target)
+        assert checkpoint is not None
+        self.bottom.load_state(checkpoint.model_state, checkpoint.optimizer_state)
+        self.store.forget_after(self.local.id, target)
+        if remote.step != target:
+            self.transport.resume(self.run_id, target)
+        log.warning(
+            "rolled back to step %d (party A was at %d, party B at %d)",
+            target,
+            self.step,
+            remote.step,
+        )
+        self.step = target
+        summary.last_step = target
+        summary.rollbacks += 1
+
+    # ================================================================== serving
+
+    def evaluate(self, split: str = "eval") -> codec.EvaluateResponse:
+        """Forward the held-out (or train) samples; party B computes the metrics."""
+        positions = self.eval_pos if split == "eval" else self.train_pos
+        if len(positions) == 0:
+            raise ConfigError(f"the run has no {split} samples (eval_fraction = 0?)")
+        chunks = self.bottom.activations(
+            self.features.x[self.rows[positions]],
+            tag=f"evaluate-{split}",
+            chunk_size=self.config.run.batch_size,
+        )
+        body = codec.encode_evaluate_request(
+            codec.EvaluateRequest(
+                ids_digest=batch_digest([self.aligned[p] for p in positions]), chunks=chunks
+            ),
+            codebook_dtype=self.bottom.codebook_dtype,
+        )
+        return codec.decode_evaluate_response(self.transport.evaluate(self.run_id, body, split))
+
+    def predict(self, ids: list[str]) -> codec.PredictResponse:
+        """Scores for ``ids`` (party A's raw ids; they travel hashed under the run key)."""
+        assert self.local is not None
+        index = self.features.index()
+        unknown = [i for i in ids if i not in index]
+        if unknown:
+            raise ConfigError(f"{len(unknown)} ids are not in the feature table: {unknown[:5]}")
+        keys = hmac_ids(bytes.fromhex(self.local.alignment_key), ids)
+        chunks = self.bottom.activations(
+            self.features.x[[index[i] for i in ids]],
+            tag="predict",
+            chunk_size=self.config.run.batch_size,
+        )
+        body = codec.encode_predict_request(
+            codec.PredictRequest(ids=[k.hex() for k in keys], chunks=chunks),
+            codebook_dtype=self.bottom.codebook_dtype,
+        )
+        answer = codec.decode_predict_response(self.transport.predict(self.run_id, body))
+        return codec.PredictResponse(ids=list(ids), scores=answer.scores)
+
+    def finish(self) -> RunOut:
+        assert self.local is not None
+        remote = self.transport.finish(self.run_id)
+        self.store.update_run(self.local.id, status="finished")
+        return remote

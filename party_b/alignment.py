@@ -1,0 +1,30 @@
+"""Sample alignment behind one interface: which of party A's ids does party B also hold?
+
+Today: ids hashed with HMAC-SHA256 under a per-run key that party B issues with the run.
+Party A sends the HMACs of all its ids; party B intersects them with the HMACs of its own.
+Party B learns the intersection and the size of party A's id set, but because it also holds
+the key it could test guesses of party A's other ids: a private set intersection (ECDH-PSI)
+replaces this scheme in a later release, behind the same ``Aligner`` interface.
+
+Either way, the *aligned key* of a sample is its HMAC under the run key: both parties sort
+the intersection by it, and batch digests are computed over it.
+"""
+
+from typing import Protocol
+
+from shared.alignment import hmac_ids
+
+__all__ = ["Aligner", "HmacAligner", "hmac_ids"]
+
+
+class Aligner(Protocol):
+    def intersect(self, own_keys: set[bytes], offered: list[bytes]) -> list[bytes]:
+        """Aligned keys both parties hold, sorted (the order both sides train in)."""
+        ...
+
+
+class HmacAligner:
+    """Plain intersection of HMAC'd ids (see the module docstring for what it reveals)."""
+
+    def intersect(self, own_keys: set[bytes], offered: list[bytes]) -> list[bytes]:
+        return sorted(own_keys.intersection(offered))

@@ -1,0 +1,68 @@
+"""Operator-issued bearer tokens, stored only as SHA-256 hashes.
+
+Tokens are random 256-bit strings, so a plain SHA-256 (no salt, no slow hash) is the right
+tool: there is nothing to brute-force. Revocation writes ``revoked_at``; every request looks
+its token up again, so a revoked token stops working at once, without a restart.
+"""
+
+import hashlib
+import hmac
+import secrets
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from party_b.store import ApiToken
+
+__all__ = ["authenticate", "hash_token", "issue_token", "register_token", "revoke_token"]
+
+MIN_TOKEN_LENGTH = 16
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def issue_token(session: Session, name: str) -> str:
+    """Create a new random token under ``name``; returns it (the only time it is visible)."""
+    token = secrets.token_urlsafe(32)
+    register_token(session, name, token)
+    return token
+
+
+def register_token(session: Session, name: str, token: str) -> None:
+    """Store ``token`` under ``name`` (replacing that name's token, un-revoking it)."""
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ValueError(f"token for {name!r} is shorter than {MIN_TOKEN_LENGTH} characters")
+    digest = hash_token(token)
+    clash = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == digest))
+    if clash is not None and clash.name != name:
+        raise ValueError(f"that token is already registered under another name ({clash.name!r})")
+    row = session.scalar(select(ApiToken).where(ApiToken.name == name))
+    if row is None:
+        session.add(ApiToken(name=name, token_sha256=digest))
+    else:
+        row.token_sha256 = digest
+        row.revoked_at = None
+    session.commit()
+
+
+def revoke_token(session: Session, name: str) -> bool:
+    row = session.scalar(select(ApiToken).where(ApiToken.name == name))
+    if row is None or row.revoked_at is not None:
+        return False
+    row.revoked_at = datetime.now(UTC)
+    session.commit()
+    return True
+
+
+def authenticate(session: Session, token: str) -> ApiToken | None:
+    """The active token row for ``token``, or None."""
+    digest = hash_token(token)
+    row = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == digest))
+    # The lookup is by hash of a high-entropy secret; compare_digest keeps the final check
+    # constant-time anyway.
+    if row is None or not hmac.compare_digest(row.token_sha256, digest):
+        return None
+    return row if row.revoked_at is None else None

@@ -1,0 +1,130 @@
+"""Party B's data: the label column and, optionally, its own feature columns, keyed by id.
+
+The service reads everything through the small :class:`LabelSource` interface so that the
+experiment harness can plug in other label sets (images, tags, next tokens) and still run the
+very same step code.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from shared.tables import TableError, read_id_table
+
+__all__ = ["LabelSource", "LabelTable", "load_label_table"]
+
+Task = Literal["classification", "multilabel", "sequence"]
+
+
+class LabelSource(Protocol):
+    """What the top model needs from party B's data, by row position in ``ids``."""
+
+    @property
+    def task(self) -> Task: ...
+
+    @property
+    def num_outputs(self) -> int:
+        """Classes, tags or vocabulary size: the width of the top model's output."""
+        ...
+
+    @property
+    def side_width(self) -> int:
+        """Party B's feature columns available to the top model (0 = none)."""
+        ...
+
+    @property
+    def ids(self) -> list[str]: ...
+
+    def targets(self, rows: np.ndarray) -> Tensor:
+        """Targets of ``rows``: (n,) int64 classes, or (n, num_outputs) multi-hot, or (n*T,)."""
+        ...
+
+    def side(self, rows: np.ndarray) -> Tensor:
+        """Party B's features of ``rows``: (n, side_width) float32."""
+        ...
+
+
+@dataclass(frozen=True)
+class LabelTable:
+    """A classification label column plus standardized feature columns, keyed by id.
+
+    labels:   (n,) int64 class index into ``classes``
+    features: (n, k) float32, z-scored per column over the whole table
+    """
+
+    row_ids: list[str]
+    labels: np.ndarray
+    classes: list[str]
+    features: np.ndarray
+    feature_names: list[str]
+    task: Task = "classification"
+
+    @property
+    def ids(self) -> list[str]:
+        return self.row_ids
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.classes)
+
+    @property
+    def side_width(self) -> int:
+        return int(self.features.shape[1])
+
+    def targets(self, rows: np.ndarray) -> Tensor:
+        return torch.from_numpy(self.labels[rows])
+
+    def side(self, rows: np.ndarray) -> Tensor:
+        return torch.from_numpy(self.features[rows])
+
+
+def load_label_table(
+    path: Path, *, id_column: str, label_column: str, feature_columns: list[str] | None
+) -> LabelTable:
+    """Read party B's table. ``feature_columns=None`` takes every column but id and label."""
+    table = read_id_table(path, id_column=id_column)
+    if label_column not in table.columns:
+        raise TableError(
+            f"{path} has no label column {label_column!r}; columns: {sorted(table.columns)}"
+        )
+    raw_labels = table.columns[label_column]
+    if np.asarray(pd.isna(raw_labels)).any():
+        raise TableError(f"{path}: label column {label_column!r} has missing values")
+    values = np.array([str(v) for v in raw_labels.tolist()])
+    classes = sorted(set(values.tolist()), key=_numeric_first)
+    if len(classes) < 2:
+        raise TableError(f"{path}: label column {label_column!r} has fewer than 2 classes")
+    index = {c: i for i, c in enumerate(classes)}
+    labels = np.array([index[v] for v in values], dtype=np.int64)
+
+    names = (
+        [c for c in table.columns if c != label_column]
+        if feature_columns is None
+        else list(feature_columns)
+    )
+    if label_column in names:
+        raise TableError("the label column cannot also be a feature column")
+    features = table.matrix(names)
+    mean = features.mean(axis=0, keepdims=True)
+    std = features.std(axis=0, keepdims=True)
+    features = ((features - mean) / np.where(std > 0, std, 1.0)).astype(np.float32)
+    return LabelTable(
+        row_ids=table.ids,
+        labels=labels,
+        classes=classes,
+        features=features,
+        feature_names=names,
+    )
+
+
+def _numeric_first(value: str) -> tuple[int, float, str]:
+    """Sort class labels numerically when they are numbers ('2' < '10'), else as text."""
+    try:
+        return (0, float(value), value)
+    except ValueError:
+        return (1, 0.0, value)

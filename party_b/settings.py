@@ -1,0 +1,78 @@
+"""Party B's configuration: one pydantic-settings class, from env (FEDLITE_B_*) or flags."""
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Limits", "Settings"]
+
+
+class Limits(BaseSettings):
+    """Operator limits on what one caller may ask for; each breach is a clear 4xx problem."""
+
+    model_config = SettingsConfigDict(env_prefix="FEDLITE_B_LIMIT_", extra="forbid")
+
+    max_body_bytes: int = Field(default=64 * 2**20, ge=1024, description="request body size")
+    max_batch: int = Field(default=16384, ge=1, description="rows per step / evaluate request")
+    max_dim: int = Field(default=65536, ge=1, description="activation width d")
+    max_q: int = Field(default=65536, ge=1)
+    max_L: int = Field(default=65536, ge=1, le=65536)
+    max_steps: int = Field(default=10_000_000, ge=1, description="steps per run")
+    max_runs_per_token: int = Field(default=64, ge=1, description="runs not yet finished")
+    max_aligned_ids: int = Field(default=5_000_000, ge=1, description="ids per alignment")
+
+
+class Settings(BaseSettings):
+    """Everything ``fedlite-b serve`` needs. Env vars: FEDLITE_B_<FIELD>, e.g. FEDLITE_B_PORT."""
+
+    model_config = SettingsConfigDict(env_prefix="FEDLITE_B_", extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    data_dir: Path = Field(default=Path("fedlite-b-data"), description="SQLite file lives here")
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL; default sqlite:///<data_dir>/party_b.sqlite"
+    )
+    labels: Path | None = Field(default=None, description="label table, CSV(.gz) or Parquet")
+    id_column: str = "id"
+    label_column: str = "y"
+    feature_columns: list[str] | None = Field(
+        default=None, description="party B's own features; default: every other column"
+    )
+    tokens: str = Field(
+        default="",
+        description="operator tokens to register at start-up, 'name:token,name:token' "
+        "(stored hashed; tokens can also be issued with 'fedlite-b token issue')",
+    )
+    checkpoints_kept: int = Field(default=3, ge=2, description="checkpoints kept per run")
+    torch_threads: int | None = Field(default=None, ge=1)
+    worker_threads: int = Field(default=8, ge=1, description="concurrent torch requests")
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    log_level: str = "info"
+    limits: Limits = Field(default_factory=Limits)
+
+    @field_validator("tokens")
+    @classmethod
+    def _tokens_are_named_and_long(cls, value: str) -> str:
+        for name, token in parse_token_list(value):
+            if len(token) < 16:
+                raise ValueError(f"token for {name!r} is shorter than 16 characters")
+        return value
+
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'party_b.sqlite').resolve()}"
+
+
+def parse_token_list(value: str) -> list[tuple[str, str]]:
+    """'alice:tok1,bob:tok2' -> [('alice', 'tok1'), ('bob', 'tok2')]; raises ValueError."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        name, sep, token = item.partition(":")
+        if not sep or not name or not token:
+            raise ValueError(f"token entries must look like 'name:token', got {item!r}")
+        pairs.append((name, token))
+    return pairs
