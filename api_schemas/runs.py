@@ -108,7 +108,9 @@ class AlignmentIn(_Strict):
 
 
 class AlignmentOut(BaseModel):
-    intersection: list[str] = Field(description="hashed ids both parties hold, sorted")
+    intersection: list[str] = Field(
+        description="hashed ids both parties hold, in the order of party B's raw ids"
+    )
     train: int
     eval: int
 

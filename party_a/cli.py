@@ -355,6 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
     try:
         code: int = args.func(args)
     except FedliteError as exc:

@@ -36,7 +36,7 @@ from party_a.features import FeatureTable
 from party_a.state import LocalRun, LocalStep, LocalStore
 from shared import codec
 from shared.accounting import raw_step_request_bytes
-from shared.alignment import hmac_ids
+from shared.alignment import hmac_ids, order_by_raw_id
 from shared.models import cut_dim as model_cut_dim
 from shared.schedule import batch_digest, batch_positions, split_train_eval
 
@@ -163,7 +163,8 @@ class PartyATrainer:
         keys = hmac_ids(key, self.features.ids)
         if local.aligned_ids is None:
             answer = self.transport.align(local.remote_id, [k.hex() for k in keys])
-            aligned = [bytes.fromhex(h) for h in answer.intersection]
+            common = {bytes.fromhex(h) for h in answer.intersection}
+            aligned = order_by_raw_id(self.features.ids, keys, common)
             self.store.update_run(local.id, aligned_ids=b"".join(aligned))
             local.aligned_ids = b"".join(aligned)
             log.info(
@@ -330,6 +331,13 @@ class PartyATrainer:
         )
         answer = codec.decode_predict_response(self.transport.predict(self.run_id, body))
         return codec.PredictResponse(ids=list(ids), scores=answer.scores)
+
+    def close(self) -> None:
+        """Close the transport (if it has connections) and the local database."""
+        close = getattr(self.transport, "close", None)
+        if close is not None:
+            close()
+        self.store.close()
 
     def finish(self) -> RunOut:
         assert self.local is not None

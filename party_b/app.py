@@ -174,10 +174,7 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
         metrics=metrics,
         checkpoints_kept=settings.checkpoints_kept,
     )
-    for run_id, run_name, resumed_at in service.recover():
-        log.warning(
-            "party B restarted: run %s (%s) resumes from step %d", run_id, run_name, resumed_at
-        )
+    service.recover()  # logs, per training run, the step it resumes from
     limiter = anyio.CapacityLimiter(settings.worker_threads)
 
     async def in_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

@@ -36,13 +36,14 @@ from api_schemas import AlignmentOut, EvalResultOut, RunCreate, RunOut, RunStatu
 from api_schemas.problems import ProblemType
 from api_schemas.runs import AlignmentInfo
 from party_b import store
-from party_b.alignment import Aligner, HmacAligner, hmac_ids
+from party_b.alignment import Aligner, HmacAligner
 from party_b.errors import ProblemError
 from party_b.labels import LabelSource
 from party_b.metrics import Metrics
 from party_b.settings import Limits
 from party_b.top import DivergedError, StepOutcome, TopTrainer
 from shared import codec
+from shared.alignment import hmac_ids, order_by_raw_id
 from shared.models import MODEL_NAMES, top_kwargs
 from shared.models import task as model_task
 from shared.quantizer import GroupedProductQuantizer, PQCode, PQConfig
@@ -79,7 +80,7 @@ class _RunState:
     alignment_key: bytes
     config: RunCreate
     trainer: TopTrainer
-    aligned: list[bytes]  # sorted aligned keys (HMACs), the order both parties use
+    aligned: list[bytes]  # aligned keys (HMACs) in raw-id order, the order both parties use
     label_rows: np.ndarray  # (n_aligned,) row of each aligned key in the label source
     train_pos: np.ndarray  # positions into ``aligned``
     eval_pos: np.ndarray
@@ -141,7 +142,9 @@ class RunService:
                 last = steps[-1] if steps else 0
                 store.forget_after(session, run.id, last)
                 resumed.append((run.id, run.name, last))
-                log.info("run %s (%s) resumes from checkpoint at step %d", run.id, run.name, last)
+                log.warning(
+                    "run %s (%s) resumes from checkpoint at step %d", run.id, run.name, last
+                )
             session.commit()
         return resumed
 
@@ -237,7 +240,8 @@ class RunService:
             spec = RunCreate.model_validate(run.config)
             key = bytes.fromhex(run.alignment_key)
             own = hmac_ids(key, self._labels.ids)
-            aligned = self._aligner.intersect(set(own), offered)
+            common = self._aligner.intersect(set(own), offered)
+            aligned = order_by_raw_id(self._labels.ids, own, common)
             if run.status != RunStatus.CREATED.value:
                 if run.aligned_ids == b"".join(aligned):
                     return self._alignment_out(run, aligned)  # a retried call: same answer
