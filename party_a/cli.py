@@ -235,6 +235,13 @@ def _human(n: float) -> str:
 # ====================================================================== evaluate / predict
 
 
+def _cmd_demo_data(args: argparse.Namespace) -> int:
+    from shared.demo_data import write_party_a_demo
+
+    print(write_party_a_demo(args.out))
+    return 0
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     with _session(args) as trainer:
         trainer.prepare()
@@ -329,6 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--ids-file", type=Path, help="one id per line")
     predict.add_argument("--out", type=Path, help="CSV to write (default stdout)")
     predict.set_defaults(func=_cmd_predict)
+
+    demo = sub.add_parser(
+        "demo-data", help="write party A's half of the bundled breast-cancer demo data (CSV)"
+    )
+    demo.add_argument("--out", type=Path, default=Path("party_a_features.csv"))
+    demo.set_defaults(func=_cmd_demo_data)
 
     ratio = sub.add_parser(
         "ratio",
