@@ -159,6 +159,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         ("SplitFed would send", f"{summary.raw_bytes:,}"),
         ("compression", f"{summary.compression:.1f}x"),
         ("downlink bytes", f"{summary.bytes_received:,}"),
+        ("id alignment bytes", f"{summary.alignment_bytes:,}"),
         ("rollbacks", str(summary.rollbacks)),
         ("time", f"{summary.seconds:.1f} s"),
     ]

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from api_schemas import RunOut
+from api_schemas import AlignmentIn, RunOut
 from party_a.bottom import BottomTrainer, PendingStep, StepResult
 from party_a.client import Transport
 from party_a.config import PartyAConfig
@@ -57,6 +57,7 @@ class TrainSummary:
     bytes_received: int
     raw_bytes: int  # what SplitFed's raw float32 requests would have been
     seconds: float
+    alignment_bytes: int = 0  # the id exchange before training, both directions
     rollbacks: int = 0
     eval_metrics: dict[str, float] = field(default_factory=dict)
 
@@ -162,7 +163,12 @@ class PartyATrainer:
         key = bytes.fromhex(local.alignment_key)
         keys = hmac_ids(key, self.features.ids)
         if local.aligned_ids is None:
-            answer = self.transport.align(local.remote_id, [k.hex() for k in keys])
+            request = AlignmentIn(hashed_ids=[k.hex() for k in keys])
+            answer = self.transport.align(local.remote_id, request.hashed_ids)
+            # what travels is counted: the JSON bodies as HttpTransport sends and receives them
+            traffic = len(request.model_dump_json()) + len(answer.model_dump_json())
+            self.store.update_run(local.id, alignment_bytes=traffic)
+            local.alignment_bytes = traffic
             common = {bytes.fromhex(h) for h in answer.intersection}
             aligned = order_by_raw_id(self.features.ids, keys, common)
             self.store.update_run(local.id, aligned_ids=b"".join(aligned))
@@ -198,6 +204,7 @@ class PartyATrainer:
             bytes_received=0,
             raw_bytes=0,
             seconds=0.0,
+            alignment_bytes=self.local.alignment_bytes,
         )
         started = time.perf_counter()
         self._reconcile(summary)
