@@ -34,6 +34,7 @@ from api_schemas import (
     StepLogPage,
 )
 from api_schemas.problems import MSGPACK_CONTENT_TYPE
+from api_schemas.runs import MAX_STEP
 from party_b import auth
 from party_b.errors import ProblemError
 from party_b.labels import LabelSource, load_label_table
@@ -313,7 +314,7 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     async def step_log(
         run_id: str,
         who: CallerDep,
-        start: Annotated[int, Query(ge=0)] = 0,
+        start: Annotated[int, Query(ge=0, le=MAX_STEP)] = 0,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> StepLogPage:
         return StepLogPage(steps=await in_thread(service.step_log, who, run_id, start, limit))

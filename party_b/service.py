@@ -44,10 +44,11 @@ from party_b.settings import Limits
 from party_b.top import DivergedError, StepOutcome, TopTrainer
 from shared import codec
 from shared.alignment import hmac_ids, order_by_raw_id
-from shared.models import MODEL_NAMES, top_kwargs
+from shared.models import MODEL_NAMES, build_top, top_kwargs
 from shared.models import task as model_task
 from shared.quantizer import GroupedProductQuantizer, PQCode, PQConfig
 from shared.schedule import batch_digest, batch_positions, split_train_eval, step_seed
+from shared.training import state_sha256
 
 __all__ = ["Caller", "RunService"]
 
@@ -194,8 +195,20 @@ class RunService:
             return [self._run_out(session, run) for run in runs]
 
     def get_run(self, caller: Caller, run_id: str) -> RunOut:
+        """The run; for an aligned one also its top model's checksum at the reported step."""
         with self._sessions() as session:
-            return self._run_out(session, self._owned(session, caller, run_id))
+            run = self._owned(session, caller, run_id)
+            if run.status == RunStatus.CREATED.value:
+                return self._run_out(session, run)
+        try:
+            state = self._state(caller, run_id)
+        except ProblemError:  # e.g. the label table lost ids: still show the run
+            with self._sessions() as session:
+                return self._run_out(session, self._owned(session, caller, run_id))
+        with state.lock, self._sessions() as session:  # step and checksum of one moment
+            out = self._run_out(session, self._owned(session, caller, run_id))
+            out.model_sha256 = state_sha256(state.trainer.model.state_dict())
+            return out
 
     def finish(self, caller: Caller, run_id: str) -> RunOut:
         """No more steps; the final model is checkpointed and keeps serving predictions."""
@@ -377,7 +390,11 @@ class RunService:
                     f"no checkpoint at step {from_step}; party B keeps {kept}",
                     checkpoints=kept,
                 )
-            state.trainer.load_state(checkpoint.model_state, checkpoint.optimizer_state)
+            try:
+                _restore(state.trainer, checkpoint)
+            except ProblemError:
+                self._drop(run_id)  # the model may be half loaded: reload it on next use
+                raise
             state.step = checkpoint.step
             state.last_request_sha = checkpoint.request_sha256
             state.last_response = checkpoint.response
@@ -496,7 +513,7 @@ class RunService:
             checkpoint = store.load_checkpoint(session, run_id)
             if checkpoint is None:
                 raise ProblemError(500, ProblemType.INTERNAL, "Run has no checkpoint", run_id)
-            trainer.load_state(checkpoint.model_state, checkpoint.optimizer_state)
+            _restore(trainer, checkpoint)
             store.forget_after(session, run_id, checkpoint.step)
             session.commit()
             blob = run.aligned_ids
@@ -614,16 +631,18 @@ class RunService:
         if "side_features" in allowed:
             kwargs["side_features"] = self._labels.side_width if spec.use_side_features else 0
         try:
-            TopTrainer(
-                model=spec.model,
-                top_kwargs=kwargs,
-                cut_dim=spec.cut_dim,
-                optimizer=spec.optimizer.model_dump(),
-                task=self._labels.task,
-                seed=spec.seed,
-            )
+            # Built on the meta device: validates the kwargs and counts parameters without
+            # allocating, so {"hidden": [10**6, 10**6]} is refused instead of exhausting memory.
+            with torch.device("meta"):
+                model = build_top(spec.model, cut_dim=spec.cut_dim, **kwargs)
         except ValueError as exc:
             raise ProblemError.invalid(f"top model: {exc}") from None
+        params = sum(p.numel() for p in model.parameters())
+        if params > self._limits.max_top_params:
+            raise ProblemError.limit(
+                f"the top model would have {params:,} parameters, over this server's limit "
+                f"{self._limits.max_top_params:,}"
+            )
         return kwargs
 
     def _new_trainer(self, spec: RunCreate) -> TopTrainer:
@@ -776,6 +795,31 @@ class RunService:
             train=run.train_size or 0,
             eval=run.eval_size or 0,
         )
+
+
+def _restore(trainer: TopTrainer, checkpoint: store.Checkpoint) -> None:
+    """Load a checkpoint into ``trainer``; a row that is not a plain state dict is refused.
+
+    The bytes come from our own database, but a database file can be tampered with or damaged:
+    ``state_from_bytes`` unpickles with ``weights_only=True``, so a crafted row cannot run code,
+    and it fails here with a clear error instead of loading.
+    """
+    try:
+        trainer.load_state(checkpoint.model_state, checkpoint.optimizer_state)
+    except Exception as exc:
+        log.error(
+            "checkpoint of run %s at step %d is unreadable: %s",
+            checkpoint.run_id,
+            checkpoint.step,
+            exc,
+        )
+        raise ProblemError(
+            500,
+            ProblemType.INTERNAL,
+            "Checkpoint unreadable",
+            f"party B's checkpoint at step {checkpoint.step} of this run does not load as a "
+            "plain state dict (damaged or tampered database); the operator must restore it",
+        ) from None
 
 
 def _dequantizer(spec: RunCreate) -> GroupedProductQuantizer | None:
