@@ -14,7 +14,7 @@ from time import perf_counter
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import anyio
-from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -166,7 +166,8 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     sessions = make_session_factory(engine)
     with sessions() as session:
         for name, token in parse_token_list(settings.tokens):
-            auth.register_token(session, name, token)
+            if not auth.register_token(session, name, token):
+                log.warning("token %r from the configuration was revoked; it stays revoked", name)
     metrics = Metrics()
     service = RunService(
         sessions=sessions,
@@ -287,8 +288,12 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/runs", status_code=201, tags=["runs"])
-    async def create_run(spec: RunCreate, who: CallerDep) -> RunOut:
-        return await in_thread(service.create_run, who, spec)
+    async def create_run(
+        spec: RunCreate,
+        who: CallerDep,
+        idempotency_key: Annotated[str | None, Header(min_length=1, max_length=128)] = None,
+    ) -> RunOut:
+        return await in_thread(service.create_run, who, spec, idempotency_key)
 
     @app.get("/v1/runs", tags=["runs"])
     async def list_runs(who: CallerDep) -> RunList:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from torch import Tensor
 
@@ -151,10 +152,17 @@ class RunService:
 
     # ============================================================== runs
 
-    def create_run(self, caller: Caller, spec: RunCreate) -> RunOut:
+    def create_run(
+        self, caller: Caller, spec: RunCreate, idempotency_key: str | None = None
+    ) -> RunOut:
+        """A new run; with ``idempotency_key``, a repeat of the same request gets the same run."""
         self._check_spec(spec)
         top = self._top_kwargs(spec)
         with self._sessions() as session:
+            if idempotency_key is not None:
+                earlier = self._created_with(session, caller, spec, idempotency_key)
+                if earlier is not None:
+                    return earlier
             open_runs = session.scalar(
                 select(func.count())
                 .select_from(store.Run)
@@ -180,10 +188,38 @@ class RunService:
                 alignment_key=secrets.token_hex(32),
                 num_classes=self._labels.num_outputs,
                 side_features=int(top.get("side_features", 0)),
+                idempotency_key=idempotency_key,
             )
             session.add(run)
-            session.commit()
+            try:
+                session.commit()
+            except IntegrityError:  # the same key arrived twice at once: the other one won
+                session.rollback()
+                assert idempotency_key is not None
+                earlier = self._created_with(session, caller, spec, idempotency_key)
+                if earlier is None:
+                    raise
+                return earlier
             return self._run_out(session, run)
+
+    def _created_with(
+        self, session: Session, caller: Caller, spec: RunCreate, key: str
+    ) -> RunOut | None:
+        run = session.scalar(
+            select(store.Run).where(
+                store.Run.owner_id == caller.token_id, store.Run.idempotency_key == key
+            )
+        )
+        if run is None:
+            return None
+        if run.config != spec.model_dump(mode="json"):
+            raise ProblemError(
+                422,
+                ProblemType.IDEMPOTENCY_KEY_REUSED,
+                "Idempotency key reused",
+                f"run {run.id} was created with this Idempotency-Key and another configuration",
+            )
+        return self._run_out(session, run)
 
     def list_runs(self, caller: Caller) -> list[RunOut]:
         with self._sessions() as session:

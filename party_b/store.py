@@ -18,6 +18,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
+    UniqueConstraint,
     create_engine,
     delete,
     event,
@@ -59,6 +60,7 @@ class ApiToken(Base):
 
 class Run(Base):
     __tablename__ = "runs"
+    __table_args__ = (UniqueConstraint("owner_id", "idempotency_key"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     owner_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), index=True)
@@ -72,6 +74,9 @@ class Run(Base):
     aligned_ids: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
     train_size: Mapped[int | None] = mapped_column(Integer, default=None)
     eval_size: Mapped[int | None] = mapped_column(Integer, default=None)
+    # The client's Idempotency-Key of the POST that created the run: a retried POST whose
+    # answer was lost gets this run back instead of creating a second one.
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), default=None)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=_now, onupdate=_now
