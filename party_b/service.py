@@ -673,6 +673,11 @@ class RunService:
                 model = build_top(spec.model, cut_dim=spec.cut_dim, **kwargs)
         except ValueError as exc:
             raise ProblemError.invalid(f"top model: {exc}") from None
+        except (RuntimeError, OverflowError):  # sizes whose byte count overflows 64 bits
+            raise ProblemError.limit(
+                f"the top model {spec.top} is too large to build; this server's limit is "
+                f"{self._limits.max_top_params:,} parameters"
+            ) from None
         params = sum(p.numel() for p in model.parameters())
         if params > self._limits.max_top_params:
             raise ProblemError.limit(

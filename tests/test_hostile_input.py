@@ -283,6 +283,7 @@ def test_a_diverging_step_is_refused_and_changes_nothing(
         ({"steps": 100_001}, "limit-exceeded"),
         ({"top": {"hidden": [10**6, 10**6]}}, "limit-exceeded"),  # 10^12 parameters: no alloc
         ({"top": {"hidden": [10**4]}}, "limit-exceeded"),
+        ({"top": {"hidden": [2**62]}}, "limit-exceeded"),  # overflows torch's size arithmetic
         (
             {"optimizer": {"name": "sgd", "lr": 0.1, "weight_decay": float("inf")}},
             "invalid-request",
