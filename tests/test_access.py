@@ -49,8 +49,12 @@ def test_another_token_gets_404_on_every_run_route_and_changes_nothing(
 ) -> None:
     app, url = app_and_url
     with (
-        httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as owner,
-        httpx.Client(base_url=url, headers={"Authorization": f"Bearer {OTHER}"}) as stranger,
+        httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60
+        ) as owner,
+        httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {OTHER}"}, timeout=60
+        ) as stranger,
     ):
         run = aligned_run(owner)
         assert owner.post(
@@ -137,7 +141,7 @@ def _cli_b(*args: str) -> subprocess.CompletedProcess[str]:
 
 def _status(party_b: PartyBProcess, token: str) -> int:
     headers = {"Authorization": f"Bearer {token}"}
-    return httpx.get(f"{party_b.url}/v1/runs", headers=headers, timeout=30).status_code
+    return httpx.get(f"{party_b.url}/v1/runs", headers=headers, timeout=60).status_code
 
 
 @pytest.mark.slow
@@ -245,7 +249,7 @@ def test_the_two_clis_train_over_tls_and_party_a_without_the_ca_is_refused(
     assert refused_after < 60, "a certificate error was retried instead of failing"
     headers = {"Authorization": f"Bearer {ALICE}"}
     trust = ssl.create_default_context(cafile=str(ca_pem))
-    runs = httpx.get(f"{party_b.url}/v1/runs", headers=headers, verify=trust).json()
+    runs = httpx.get(f"{party_b.url}/v1/runs", headers=headers, verify=trust, timeout=60).json()
     assert [r["name"] for r in runs["runs"]] == ["over-tls"]  # "no-ca" never reached party B
     with pytest.raises(httpx.HTTPError):  # and plain HTTP to the TLS port gets nowhere
         httpx.get(f"http://127.0.0.1:{party_b.port}/healthz", timeout=10)

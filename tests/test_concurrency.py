@@ -55,7 +55,9 @@ def _train(party_b: PartyBProcess, tmp_path: Path, name: str, i: int) -> dict[st
         summary = trainer.train()
         answer = trainer.evaluate()
         headers = {"Authorization": f"Bearer {ALICE}"}
-        remote = httpx.get(f"{party_b.url}/v1/runs/{trainer.run_id}", headers=headers).json()
+        remote = httpx.get(
+            f"{party_b.url}/v1/runs/{trainer.run_id}", headers=headers, timeout=60
+        ).json()
         return {
             "last_step": summary.last_step,
             "loss": answer.loss,

@@ -77,7 +77,9 @@ def trainers(party_b: PartyBProcess, tmp_path: Path) -> Iterator[Callable[..., P
 
 
 def _remote(party_b: PartyBProcess, run_id: str) -> dict[str, Any]:
-    with httpx.Client(base_url=party_b.url, headers={"Authorization": f"Bearer {ALICE}"}) as c:
+    with httpx.Client(
+        base_url=party_b.url, headers={"Authorization": f"Bearer {ALICE}"}, timeout=60
+    ) as c:
         run: dict[str, Any] = c.get(f"/v1/runs/{run_id}").json()
         return run
 
@@ -208,7 +210,9 @@ def test_party_a_cli_sigkilled_three_times_ends_like_an_uninterrupted_run(
     rng = random.Random(7)
     kill_at = sorted(rng.sample(range(10, steps - 20), 3))
     run_id = ""
-    with httpx.Client(base_url=party_b.url, headers={"Authorization": f"Bearer {ALICE}"}) as c:
+    with httpx.Client(
+        base_url=party_b.url, headers={"Authorization": f"Bearer {ALICE}"}, timeout=60
+    ) as c:
         for at in kill_at:
             process = subprocess.Popen(
                 command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -301,6 +305,8 @@ def test_a_flaky_network_converges_with_no_double_update(
 
 
 def _runs(party_b: PartyBProcess) -> list[dict[str, Any]]:
-    with httpx.Client(base_url=party_b.url, headers={"Authorization": f"Bearer {ALICE}"}) as c:
+    with httpx.Client(
+        base_url=party_b.url, headers={"Authorization": f"Bearer {ALICE}"}, timeout=60
+    ) as c:
         runs: list[dict[str, Any]] = c.get("/v1/runs").json()["runs"]
         return runs

@@ -16,6 +16,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 
 from party_b.app import create_app
 from party_b.settings import Limits, Settings
@@ -61,7 +62,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Sett
 @pytest.fixture(scope="module")
 def client(server: tuple[str, Settings]) -> Iterator[httpx.Client]:
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    with httpx.Client(base_url=server[0], headers=headers, timeout=20.0) as c:
+    with httpx.Client(base_url=server[0], headers=headers, timeout=60.0) as c:
         yield c
 
 
@@ -85,7 +86,8 @@ def _send_and_check(client: httpx.Client, run: SmallRun, route: str, body: bytes
     """POST ``body``; assert no 5xx, problem+json errors, and nothing changed if refused."""
     before = _snapshot(client, run.id)
     response = client.post(f"/v1/runs/{run.id}/{route}", content=body, headers=MSGPACK)
-    event(f"{route} {response.status_code}")
+    if currently_in_test_context():
+        event(f"{route} {response.status_code}")  # see --hypothesis-show-statistics
     assert response.status_code < 500, response.text
     if response.status_code >= 400:
         assert response.headers["content-type"] == PROBLEM
@@ -402,14 +404,20 @@ def test_a_checkpoint_replaced_by_a_malicious_pickle_is_refused_and_never_runs(
         data_dir=tmp_path / "b", labels=labels_csv(tmp_path / "labels.csv"), tokens=f"t:{TOKEN}"
     )
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    with live_server(create_app(settings)) as url, httpx.Client(base_url=url, headers=headers) as c:
+    with (
+        live_server(create_app(settings)) as url,
+        httpx.Client(base_url=url, headers=headers, timeout=60) as c,
+    ):
         run = aligned_run(c)
     # the operator's database is tampered with while party B is down
     database = Path(settings.resolved_database_url().removeprefix("sqlite:///"))
     with sqlite3.connect(database) as db:
         db.execute("UPDATE checkpoints SET model_state = ? WHERE run_id = ?", (payload, run.id))
 
-    with live_server(create_app(settings)) as url, httpx.Client(base_url=url, headers=headers) as c:
+    with (
+        live_server(create_app(settings)) as url,
+        httpx.Client(base_url=url, headers=headers, timeout=60) as c,
+    ):
         refused = c.post(f"/v1/runs/{run.id}/steps", content=run.step_body(1), headers=MSGPACK)
         shown = c.get(f"/v1/runs/{run.id}")
 

@@ -43,7 +43,10 @@ def party_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
         tokens=f"tester:{TOKEN}",
         limits=Limits(max_body_bytes=256 * 1024, max_top_params=100_000, max_runs_per_token=20),
     )
-    with live_server(create_app(settings)) as url, httpx.Client(base_url=url, headers=AUTH) as c:
+    with (
+        live_server(create_app(settings)) as url,
+        httpx.Client(base_url=url, headers=AUTH, timeout=60) as c,
+    ):
         created = c.post("/v1/runs", json=run_spec(name="created")).json()["id"]
         trained = aligned_run(c, name="trained")
         c.post(f"/v1/runs/{trained.id}/steps", content=trained.step_body(1), headers=MSGPACK)
@@ -77,7 +80,7 @@ def test_no_generated_request_gets_a_server_error(
             )
             def check(case: schemathesis.Case) -> None:
                 response = case.call_and_validate(
-                    base_url=url, headers=AUTH, checks=[not_a_server_error], timeout=20
+                    base_url=url, headers=AUTH, checks=[not_a_server_error], timeout=60
                 )
                 if response.status_code >= 400:
                     media = response.headers["content-type"]  # schemathesis: a list of values
