@@ -276,8 +276,11 @@ def test_a_flaky_network_converges_with_no_double_update(
     reference.train()
     expected = reference.evaluate()
     expected_top = _remote(party_b, reference.run_id)["model_sha256"]
-    # the first request (POST /v1/runs) loses its answer: the retry must not create a 2nd run
-    plan = FaultPlan(seed=11, weights=FLAKY, script=[Fault.DROP], stall_s=1.5)
+    # The first request (POST /v1/runs) loses its answer: the retry must not create a second
+    # run. Then one of each fault for certain (whatever the timing), then seeded draws.
+    script = [Fault.DROP, Fault.PASS, Fault.PASS, Fault.PASS]
+    script += [Fault.RESET, Fault.DROP, Fault.TRUNCATE, Fault.STALL, Fault.LATE, Fault.DELAY]
+    plan = FaultPlan(seed=11, weights=FLAKY, script=script, stall_s=1.5)
 
     with FaultProxy(party_b.port, plan) as proxy:
         trainer = trainers(

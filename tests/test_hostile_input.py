@@ -272,6 +272,30 @@ def test_a_diverging_step_is_refused_and_changes_nothing(
     ).is_success  # and the same step, sane, is then applied
 
 
+def test_a_stalled_upload_does_not_block_other_callers(
+    server: tuple[str, Settings], client: httpx.Client, fuzz_run: SmallRun
+) -> None:
+    """A caller that announces a body and stops sending holds only its own connection: the
+    body is read before any run lock is taken, so the same run keeps training meanwhile."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(server[0])
+    step, _ = _snapshot(client, fuzz_run.id)
+    with socket.create_connection((url.hostname, url.port), timeout=10) as stalled:
+        stalled.sendall(
+            f"POST /v1/runs/{fuzz_run.id}/steps HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/msgpack\r\n"
+            "Content-Length: 1000\r\n\r\n".encode()
+            + fuzz_run.step_body(step + 1)[:10]
+        )
+        answer = client.post(
+            f"/v1/runs/{fuzz_run.id}/steps", content=fuzz_run.step_body(step + 1), headers=MSGPACK
+        )
+        assert answer.status_code == 200, answer.text
+        assert _snapshot(client, fuzz_run.id)[0] == step + 1
+
+
 # ------------------------------------------------------------------------ limits
 
 
