@@ -132,7 +132,9 @@ def _cmd_align(args: argparse.Namespace) -> int:
 def _cmd_demo_data(args: argparse.Namespace) -> int:
     from shared.demo import write_breast_cancer_split
 
-    party_a, party_b = write_breast_cancer_split(args.out_dir, overlap=args.overlap, seed=args.seed)
+    party_a, party_b = write_breast_cancer_split(
+        args.out_dir, overlap=args.overlap, seed=args.seed, party_b_dir=args.party_b_dir
+    )
     print(json.dumps({"party_a": str(party_a), "party_b": str(party_b)}))
     return 0
 
@@ -415,7 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="party_a.csv: id and 20 feature columns; party_b.csv: id, label y and the "
         "other 10 feature columns. Both parties hold every id unless --overlap is below 1.",
     )
-    demo.add_argument("--out-dir", type=Path, required=True)
+    demo.add_argument("--out-dir", type=Path, required=True, help="where party_a.csv goes")
+    demo.add_argument(
+        "--party-b-dir", type=Path, help="where party_b.csv goes (default: --out-dir)"
+    )
     demo.add_argument(
         "--overlap", type=float, default=1.0, help="fraction of ids both parties hold"
     )

@@ -24,7 +24,9 @@ from sqlalchemy import (
     create_engine,
     delete,
     event,
+    func,
     select,
+    text,
 )
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
@@ -37,6 +39,7 @@ __all__ = [
     "PsiKey",
     "Run",
     "StepLog",
+    "copy_database",
     "make_engine",
     "make_session_factory",
     "psi_key",
@@ -253,3 +256,46 @@ def psi_key(session: Session, *, ids_sha256: str, new_key: Callable[[], bytes]) 
             row = session.get(PsiKey, ids_sha256)
             assert row is not None
     return row
+
+
+# --------------------------------------------------------------------------------- migration
+
+
+def copy_database(source: Engine, target: Engine, *, batch: int = 200) -> dict[str, int]:
+    """Copy every table of party B's state from ``source`` to an empty ``target``.
+
+    For moving from SQLite to PostgreSQL (or back) with party B stopped. Rows stream in
+    batches (checkpoints can be large), all in one transaction on the target, so a failed
+    copy leaves the target empty. Returns the number of rows copied per table.
+    """
+    Base.metadata.create_all(target)
+    tables = Base.metadata.sorted_tables  # parents before children (foreign keys)
+    with target.connect() as check:
+        for table in tables:
+            if check.scalar(select(func.count()).select_from(table)):
+                raise ValueError(f"the target database is not empty (table {table.name})")
+    copied: dict[str, int] = {}
+    with source.connect() as src, target.begin() as dst:
+        for table in tables:
+            copied[table.name] = 0
+            result = src.execution_options(yield_per=batch).execute(select(table))
+            for rows in result.mappings().partitions(batch):
+                dst.execute(table.insert(), [dict(r) for r in rows])
+                copied[table.name] += len(rows)
+        if target.dialect.name == "postgresql":
+            # ids were copied verbatim; move each serial sequence past them
+            for table in tables:
+                for column in table.primary_key.columns:
+                    if column.autoincrement is True or (
+                        column.autoincrement == "auto"
+                        and isinstance(column.type, Integer)
+                        and len(table.primary_key.columns) == 1
+                    ):
+                        dst.execute(
+                            text(
+                                f"SELECT setval(pg_get_serial_sequence('{table.name}', "
+                                f"'{column.name}'), COALESCE(MAX({column.name}), 0) + 1, false) "
+                                f"FROM {table.name}"
+                            )
+                        )
+    return copied

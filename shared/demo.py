@@ -19,12 +19,13 @@ PARTY_B_FILE = "party_b.csv"
 
 
 def write_breast_cancer_split(
-    out_dir: Path, *, overlap: float = 1.0, seed: int = 0
+    out_dir: Path, *, overlap: float = 1.0, seed: int = 0, party_b_dir: Path | None = None
 ) -> tuple[Path, Path]:
     """Write ``party_a.csv`` (id + 20 features) and ``party_b.csv`` (id, y + 10 features).
 
     ``overlap`` is the fraction of the 569 ids both files hold; the others are dealt out
-    evenly to one file each. Returns the two paths.
+    evenly to one file each. ``party_b.csv`` goes to ``party_b_dir`` when given (each
+    party's data on its own volume), else beside ``party_a.csv``. Returns the two paths.
     """
     if not 0 < overlap <= 1:
         raise ValueError(f"overlap must be in (0, 1], got {overlap}")
@@ -45,9 +46,10 @@ def write_breast_cancer_split(
     party_a = pd.concat([ids, x[other_cols]], axis=1).iloc[a_rows]
     party_b = pd.concat([ids, pd.Series(data.target, name="y"), x[mean_cols]], axis=1).iloc[b_rows]
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    a_path, b_path = out_dir / PARTY_A_FILE, out_dir / PARTY_B_FILE
+    a_path = Path(out_dir) / PARTY_A_FILE
+    b_path = Path(party_b_dir if party_b_dir is not None else out_dir) / PARTY_B_FILE
+    for path in (a_path, b_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
     party_a.to_csv(a_path, index=False, float_format="%.6g")
     party_b.to_csv(b_path, index=False, float_format="%.6g")
     return a_path, b_path
