@@ -102,6 +102,37 @@ def _cmd_health(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _cmd_db_backup(args: argparse.Namespace) -> int:
+    """Online backup of the SQLite file (SQLite's backup API: consistent under WAL, while
+    party B keeps serving); for PostgreSQL use pg_dump."""
+    import sqlite3
+
+    from sqlalchemy import make_url
+
+    url = make_url(_settings(args).resolved_database_url())
+    if url.get_backend_name() != "sqlite" or not url.database:
+        print(
+            f"fedlite-b db backup: {url.get_backend_name()} database: use its own tools "
+            "(pg_dump for PostgreSQL)",
+            file=sys.stderr,
+        )
+        return 2
+    target = Path(args.to)
+    if target.exists():
+        print(f"fedlite-b db backup: {target} exists; not overwriting it", file=sys.stderr)
+        return 1
+    source = sqlite3.connect(url.database)
+    copy = sqlite3.connect(target)
+    try:
+        source.backup(copy)
+        check = copy.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        copy.close()
+        source.close()
+    print(f"{target}\t{target.stat().st_size} bytes\tintegrity_check: {check}")
+    return 0 if check == "ok" else 1
+
+
 def _cmd_db_copy(args: argparse.Namespace) -> int:
     from party_b.store import copy_database
 
@@ -213,6 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
     copy.add_argument("--from", dest="source", required=True, help="source SQLAlchemy URL")
     copy.add_argument("--to", dest="target", required=True, help="target SQLAlchemy URL")
     copy.set_defaults(func=_cmd_db_copy)
+    backup = db_sub.add_parser(
+        "backup",
+        help="online backup of the SQLite file to a new file (safe while serving)",
+    )
+    _storage_flags(backup)
+    backup.add_argument("--to", required=True, type=Path, help="backup file to create")
+    backup.set_defaults(func=_cmd_db_backup)
     return parser
 
 

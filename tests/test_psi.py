@@ -15,6 +15,7 @@ import private_set_intersection.python as psi_library
 import pytest
 
 from experiments.inprocess import InProcessTransport
+from party_a.cli import main as main_a
 from party_a.errors import ConfigError
 from party_a.features import load_features
 from party_a.state import LocalStore
@@ -332,6 +333,29 @@ def test_the_psi_endpoint_refuses_bad_bodies_with_problem_details(
     assert garbage.json()["type"] == "urn:fedlite:problem:malformed-message"
     assert as_json.status_code == 415
     assert anonymous.status_code == 401
+
+
+def test_fedlite_a_align_prints_the_intersection_and_caches_it(
+    http_party_b: tuple[httpx.Client, list[str], list[str]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    client, a_ids, _b_ids = http_party_b
+    features, _b = _write_tables(tmp_path / "cli", a_ids, [])
+    flags = ["--server", str(client.base_url), "--token", TOKEN, "--features", str(features)]
+    flags += ["--state-dir", str(tmp_path / "state")]
+
+    first = main_a(["align", *flags, "--ids-out", str(tmp_path / "common.txt")])
+    first_report = json.loads(capsys.readouterr().out)
+    second = main_a(["align", *flags])
+    second_report = json.loads(capsys.readouterr().out)
+
+    assert first == second == 0
+    assert first_report["intersection"] == 80 and not first_report["cached"]
+    assert (first_report["party_a_ids"], first_report["party_b_ids"]) == (200, 380)
+    assert second_report["cached"]
+    assert second_report["party_b_version"] == first_report["party_b_version"]
+    assert (tmp_path / "common.txt").read_text().split() == _ids("shared", range(80))
 
 
 def test_party_a_reports_a_reply_that_does_not_fit_its_request() -> None:

@@ -12,6 +12,7 @@ from party_a.features import load_features
 from party_a.state import LocalStore
 from party_a.trainer import PartyATrainer
 from party_b import auth, store
+from party_b.cli import main as main_b
 from party_b.labels import load_label_table
 from party_b.metrics import Metrics
 from party_b.service import Caller, RunService
@@ -213,3 +214,22 @@ def test_copying_the_sqlite_state_to_another_database_keeps_everything(
     assert checkpoint is not None and original is not None and checkpoint.step == 10
     assert checkpoint.model_state == original.model_state
     assert resumed.run_id == run_id and resumed.step == 15
+
+
+def test_fedlite_b_db_backup_copies_a_live_sqlite_file(tmp_path: Path) -> None:
+    data_dir = tmp_path / "b"
+    assert main_b(["token", "issue", "--name", "alice", "--data-dir", str(data_dir)]) == 0
+    engine = store.make_engine(f"sqlite:///{data_dir / 'party_b.sqlite'}")  # held open: "live"
+    with store.make_session_factory(engine)() as session:
+        auth.register_token(session, "bob", "bob-token-0123456789")
+
+    code = main_b(["db", "backup", "--data-dir", str(data_dir), "--to", str(tmp_path / "b.bak")])
+    again = main_b(["db", "backup", "--data-dir", str(data_dir), "--to", str(tmp_path / "b.bak")])
+    copy = store.make_engine(f"sqlite:///{tmp_path / 'b.bak'}")
+    with store.make_session_factory(copy)() as session:
+        names = sorted(session.scalars(select(store.ApiToken.name)))
+    engine.dispose()
+    copy.dispose()
+
+    assert (code, again) == (0, 1)  # an existing backup is never overwritten
+    assert names == ["alice", "bob"]
