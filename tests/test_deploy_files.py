@@ -112,6 +112,7 @@ def _run_line(dockerfile: Path) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # unpacks torch into a fresh venv: ~1 min idle, much more under load
 def test_the_party_b_image_install_line_installs_working_clis(tmp_path: Path) -> None:
     """The Dockerfile's own install line, run into a scratch venv (TORCH_INDEX_URL unset: on
     our machines pip finds the CPU wheel itself; the Dockerfile points it at PyTorch's)."""

@@ -251,9 +251,12 @@ def test_predict_refuses_ids_outside_the_intersection(
 # ============================================================================ over HTTP
 
 
-@pytest.fixture
-def http_party_b(tmp_path: Path) -> Iterator[tuple[httpx.Client, list[str], list[str]]]:
-    """``fedlite-b serve`` in its own process, with a PSI limit of 250 ids per request."""
+@pytest.fixture(scope="module")
+def http_party_b(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[httpx.Client, list[str], list[str]]]:
+    """``fedlite-b serve`` in its own process (one for this module), at most 250 ids per PSI."""
+    tmp_path = tmp_path_factory.mktemp("http-party-b")
     a_ids = _ids("secret-a", range(0, 120)) + _ids("shared", range(0, 80))
     b_ids = _ids("shared", range(0, 80)) + _ids("secret-b", range(0, 300))
     _a, b_path = _write_tables(tmp_path, a_ids, b_ids)
