@@ -33,7 +33,7 @@ pytest: $(STAMP)
 test: lint typecheck pytest
 
 demo: $(STAMP)
-	@echo "demo arrives with the two-party issue"
+	$(BIN)/python examples/demo.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/quantizer.py

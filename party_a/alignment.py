@@ -58,7 +58,8 @@ def private_intersection(
     client = PsiClient(unique)
     body = encode_psi_request(PsiRequest(request=client.request()))
     try:
-        reply = decode_psi_reply(transport.psi(body))
+        raw_reply = transport.psi(body)
+        reply = decode_psi_reply(raw_reply)
         common = client.intersection(reply.setup, reply.response)
     except PsiError as exc:
         raise ProtocolError(f"party B's PSI reply: {exc}") from None
@@ -72,6 +73,7 @@ def private_intersection(
             own_size=len(unique),
             peer_size=info.size,
             intersection=common,
+            wire_bytes=len(body) + len(raw_reply),
             seconds=seconds,
         )
     )

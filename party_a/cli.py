@@ -7,7 +7,7 @@
     fedlite-a predict  (same flags) --ids a,b,c   scores for given ids (serving)
     fedlite-a ratio    --d 9216 --batch 20 --q 1152 --L 2   message sizes, no server needed
     fedlite-a check    --server URL --token T   is party B reachable and the token valid?
-    fedlite-a demo-data --out-dir DIR       the breast-cancer demo split (party_a/b CSVs)
+    fedlite-a demo-data --out FILE           party A's half of the bundled demo data
 
 The token may come from FEDLITE_A_TOKEN and the server from FEDLITE_A_SERVER instead of flags
 (keeps the secret out of the process list). Party A's state (checkpoints, step log) lives in
@@ -126,19 +126,6 @@ def _cmd_align(args: argparse.Namespace) -> int:
     return 0
 
 
-# ====================================================================== demo data
-
-
-def _cmd_demo_data(args: argparse.Namespace) -> int:
-    from shared.demo import write_breast_cancer_split
-
-    party_a, party_b = write_breast_cancer_split(
-        args.out_dir, overlap=args.overlap, seed=args.seed, party_b_dir=args.party_b_dir
-    )
-    print(json.dumps({"party_a": str(party_a), "party_b": str(party_b)}))
-    return 0
-
-
 # ====================================================================== session set-up
 
 
@@ -244,6 +231,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         ("SplitFed would send", f"{summary.raw_bytes:,}"),
         ("compression", f"{summary.compression:.1f}x"),
         ("downlink bytes", f"{summary.bytes_received:,}"),
+        ("id alignment bytes", f"{summary.alignment_bytes:,}"),
         ("rollbacks", str(summary.rollbacks)),
         ("time", f"{summary.seconds:.1f} s"),
     ]
@@ -318,6 +306,23 @@ def _human(n: float) -> str:
 
 
 # ====================================================================== evaluate / predict
+
+
+def _overlap_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--overlap",
+        type=float,
+        default=1.0,
+        help="fraction of the ids both parties hold (give both parties the same value)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="which ids are not shared")
+
+
+def _cmd_demo_data(args: argparse.Namespace) -> int:
+    from shared.demo_data import write_party_a_demo
+
+    print(write_party_a_demo(args.out, overlap=args.overlap, seed=args.seed))
+    return 0
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -411,22 +416,6 @@ def build_parser() -> argparse.ArgumentParser:
     _connection_flags(check)
     check.set_defaults(func=_cmd_check)
 
-    demo = sub.add_parser(
-        "demo-data",
-        help="write the demo data: scikit-learn's breast cancer set split vertically",
-        description="party_a.csv: id and 20 feature columns; party_b.csv: id, label y and the "
-        "other 10 feature columns. Both parties hold every id unless --overlap is below 1.",
-    )
-    demo.add_argument("--out-dir", type=Path, required=True, help="where party_a.csv goes")
-    demo.add_argument(
-        "--party-b-dir", type=Path, help="where party_b.csv goes (default: --out-dir)"
-    )
-    demo.add_argument(
-        "--overlap", type=float, default=1.0, help="fraction of ids both parties hold"
-    )
-    demo.add_argument("--seed", type=int, default=0, help="which ids each party drops")
-    demo.set_defaults(func=_cmd_demo_data)
-
     train = sub.add_parser("train", help="train (or resume) a run with party B")
     _session_flags(train)
     train.add_argument("--no-evaluate", action="store_true", help="skip the held-out evaluation")
@@ -445,6 +434,13 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--ids-file", type=Path, help="one id per line")
     predict.add_argument("--out", type=Path, help="CSV to write (default stdout)")
     predict.set_defaults(func=_cmd_predict)
+
+    demo = sub.add_parser(
+        "demo-data", help="write party A's half of the bundled breast-cancer demo data (CSV)"
+    )
+    demo.add_argument("--out", type=Path, default=Path("party_a_features.csv"))
+    _overlap_flags(demo)
+    demo.set_defaults(func=_cmd_demo_data)
 
     ratio = sub.add_parser(
         "ratio",

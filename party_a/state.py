@@ -49,6 +49,8 @@ class LocalRun(Base):
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     alignment_key: Mapped[str] = mapped_column(String(64))
     aligned_ids: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    # JSON bodies of the alignment exchange, both directions (counted once per run)
+    alignment_bytes: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[str] = mapped_column(String(16), default="training")
     final_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
@@ -89,6 +91,7 @@ class PsiResult(Base):
     own_size: Mapped[int] = mapped_column(Integer)
     peer_size: Mapped[int] = mapped_column(Integer)
     intersection: Mapped[list[str]] = mapped_column(JSON)  # party A's raw ids, sorted
+    wire_bytes: Mapped[int] = mapped_column(Integer)  # PSI request + reply bodies
     seconds: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from api_schemas import RunOut
+from api_schemas import AlignmentIn, RunOut
 from party_a.alignment import private_intersection
 from party_a.bottom import BottomTrainer, PendingStep, StepResult
 from party_a.client import Transport
@@ -58,6 +58,7 @@ class TrainSummary:
     bytes_received: int
     raw_bytes: int  # what SplitFed's raw float32 requests would have been
     seconds: float
+    alignment_bytes: int = 0  # the id exchange before training, both directions
     rollbacks: int = 0
     eval_metrics: dict[str, float] = field(default_factory=dict)
 
@@ -174,11 +175,18 @@ class PartyATrainer:
         key = bytes.fromhex(local.alignment_key)
         keys = hmac_ids(key, self.features.ids)
         if local.aligned_ids is None:
-            psi, _cached = self.psi()
+            psi, cached = self.psi()
             offered = hmac_ids(key, psi.intersection)
             if not offered:
                 raise ConfigError("party A and party B hold no sample id in common")
-            answer = self.transport.align(local.remote_id, [k.hex() for k in offered])
+            request = AlignmentIn(hashed_ids=[k.hex() for k in offered])
+            answer = self.transport.align(local.remote_id, request.hashed_ids)
+            # what travels is counted: the JSON bodies as HttpTransport sends and receives them,
+            # plus the PSI messages when this run's alignment is the one that ran the PSI
+            traffic = len(request.model_dump_json()) + len(answer.model_dump_json())
+            traffic += 0 if cached else psi.wire_bytes
+            self.store.update_run(local.id, alignment_bytes=traffic)
+            local.alignment_bytes = traffic
             common = {bytes.fromhex(h) for h in answer.intersection}
             if not common <= set(offered):
                 raise ProtocolError("party B aligned the run on ids party A did not offer")
@@ -216,6 +224,7 @@ class PartyATrainer:
             bytes_received=0,
             raw_bytes=0,
             seconds=0.0,
+            alignment_bytes=self.local.alignment_bytes,
         )
         started = time.perf_counter()
         self._reconcile(summary)

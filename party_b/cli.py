@@ -179,6 +179,13 @@ def _cmd_token_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo_data(args: argparse.Namespace) -> int:
+    from shared.demo_data import write_party_b_demo
+
+    print(write_party_b_demo(args.out, overlap=args.overlap, seed=args.seed))
+    return 0
+
+
 def _storage_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, help="directory of the default SQLite file")
     parser.add_argument("--database-url", help="SQLAlchemy URL (overrides --data-dir)")
@@ -209,6 +216,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--torch-threads", type=int, help="intra-op threads for torch")
     serve.add_argument("--worker-threads", type=int, help="concurrent torch requests")
     serve.set_defaults(func=_cmd_serve)
+
+    demo = sub.add_parser(
+        "demo-data", help="write party B's half of the bundled breast-cancer demo data (CSV)"
+    )
+    demo.add_argument("--out", type=Path, default=Path("party_b_labels.csv"))
+    demo.add_argument(
+        "--overlap",
+        type=float,
+        default=1.0,
+        help="fraction of the ids both parties hold (give both parties the same value)",
+    )
+    demo.add_argument("--seed", type=int, default=0, help="which ids are not shared")
+    demo.set_defaults(func=_cmd_demo_data)
 
     token = sub.add_parser("token", help="issue, revoke and list API tokens")
     token_sub = token.add_subparsers(dest="token_command", required=True)

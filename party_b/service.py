@@ -138,6 +138,7 @@ class RunService:
         self._live: dict[str, _RunState] = {}
         self._finished: OrderedDict[str, _RunState] = OrderedDict()
         self._registry_lock = threading.Lock()  # guards _live, _finished and _loading
+        self._create_lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}
 
     # ============================================================== start-up
@@ -169,7 +170,12 @@ class RunService:
     def create_run(self, caller: Caller, spec: RunCreate) -> RunOut:
         self._check_spec(spec)
         top = self._top_kwargs(spec)
-        with self._sessions() as session:
+        try:
+            self._new_trainer(spec)  # refuse now what could not be built at alignment
+        except ValueError as exc:
+            raise ProblemError.invalid(f"top model: {exc}") from None
+        # the quota check and the insert must not interleave with another create
+        with self._create_lock, self._sessions() as session:
             open_runs = session.scalar(
                 select(func.count())
                 .select_from(store.Run)
@@ -659,23 +665,11 @@ class RunService:
                 raise ProblemError.limit(f"{name}={value} is over this server's limit {limit}")
 
     def _top_kwargs(self, spec: RunCreate) -> dict[str, Any]:
-        """The run's top kwargs with the label-derived ones filled in; validated by a build."""
-        allowed = top_kwargs(spec.model)
+        """The run's top kwargs with the ones party B derives from its labels filled in."""
         kwargs: dict[str, Any] = dict(spec.top)
         kwargs[_OUTPUT_KWARG[spec.model]] = self._labels.num_outputs
-        if "side_features" in allowed:
+        if "side_features" in top_kwargs(spec.model):
             kwargs["side_features"] = self._labels.side_width if spec.use_side_features else 0
-        try:
-            TopTrainer(
-                model=spec.model,
-                top_kwargs=kwargs,
-                cut_dim=spec.cut_dim,
-                optimizer=spec.optimizer.model_dump(),
-                task=self._labels.task,
-                seed=spec.seed,
-            )
-        except ValueError as exc:
-            raise ProblemError.invalid(f"top model: {exc}") from None
         return kwargs
 
     def _new_trainer(self, spec: RunCreate) -> TopTrainer:

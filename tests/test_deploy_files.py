@@ -131,7 +131,7 @@ def test_the_party_b_image_install_line_installs_working_clis(tmp_path: Path) ->
         timeout=900,
     )
     demo = subprocess.run(
-        [str(venv / "bin" / "fedlite-a"), "demo-data", "--out-dir", str(tmp_path / "demo")],
+        [str(venv / "bin" / "fedlite-b"), "demo-data", "--out", str(tmp_path / "labels.csv")],
         capture_output=True,
         text=True,
         cwd=tmp_path,  # away from the source tree: the installed package must stand alone
@@ -151,7 +151,7 @@ def test_the_party_b_image_install_line_installs_working_clis(tmp_path: Path) ->
 
     assert install.returncode == 0, install.stderr[-3000:]
     assert demo.returncode == 0, demo.stderr
-    assert (tmp_path / "demo" / "party_b.csv").exists()
+    assert (tmp_path / "labels.csv").exists()
     assert health.returncode == 1 and "127.0.0.1:9/healthz" in health.stderr  # nothing there
     assert imports.returncode == 0, imports.stderr
     torch_version = subprocess.run(
@@ -184,15 +184,11 @@ def test_compose_services_run_real_commands_on_declared_volumes() -> None:
     compose = _compose()
     services = compose["services"]
     declared = set(compose["volumes"])
-    images = {}
 
-    for service in services.values():
-        if "build" in service:
-            assert (DOCKER / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
-            images[service["image"]] = Path(service["build"]["dockerfile"]).name
     for name, service in services.items():
-        dockerfile = images[service["image"]]  # every image is built by some service here
-        parser = party_a_parser() if dockerfile == "party_a.Dockerfile" else party_b_parser()
+        dockerfile = DOCKER / service["build"]["context"] / service["build"]["dockerfile"]
+        assert dockerfile.is_file(), name
+        parser = party_a_parser() if dockerfile.name == "party_a.Dockerfile" else party_b_parser()
         args = parser.parse_args(service["command"])  # exits (fails the test) when invalid
         assert args.command, name
         for env_file in service.get("env_file", []):
@@ -204,8 +200,13 @@ def test_compose_services_run_real_commands_on_declared_volumes() -> None:
             else:
                 assert source in declared, f"{name}: undeclared volume {source}"
 
-    assert set(services) == {"demo-data", "party-b", "party-a"}
+    assert set(services) == {"party-a-demo-data", "party-b-demo-data", "party-b", "party-a"}
     assert services["party-a"]["depends_on"]["party-b"]["condition"] == "service_healthy"
+    # each party's data job and service share that party's data volume, and no other's
+    assert services["party-a-demo-data"]["volumes"] == ["party-a-data:/data"]
+    assert services["party-b-demo-data"]["volumes"] == ["party-b-data:/state"]
+    assert "party-b-data:/data:ro" in services["party-b"]["volumes"]
+    assert not any("party-b" in v for v in services["party-a"]["volumes"])
 
 
 def test_env_files_set_only_settings_the_parties_know() -> None:
@@ -222,14 +223,18 @@ def test_env_files_set_only_settings_the_parties_know() -> None:
     assert party_a["FEDLITE_A_SERVER"] == f"http://party-b:{party_b['FEDLITE_B_PORT']}"
 
 
-def test_the_demo_run_config_loads_and_fits_the_demo_data(tmp_path: Path) -> None:
-    from shared.demo import write_breast_cancer_split
+def test_the_demo_job_outputs_are_what_the_services_read(tmp_path: Path) -> None:
+    services = _compose()["services"]
+    features_job = party_a_parser().parse_args(services["party-a-demo-data"]["command"])
+    labels_job = party_b_parser().parse_args(services["party-b-demo-data"]["command"])
+    train = party_a_parser().parse_args(services["party-a"]["command"])
+    env_b = _env_file(DOCKER / "env" / "party_b.env")
 
-    config = load_config(DOCKER / "demo-run.toml", {})
-    party_a, party_b = write_breast_cancer_split(tmp_path, overlap=0.9)
-    a_header = party_a.read_text().splitlines()[0].split(",")
-    b_header = party_b.read_text().splitlines()[0].split(",")
-
+    # written to the volume at one path, read from it at another
+    assert str(features_job.out) == str(train.features) == "/data/features.csv"
+    assert str(labels_job.out) == "/state/labels.csv" and env_b["FEDLITE_B_LABELS"] == (
+        "/data/labels.csv"
+    )
+    assert features_job.overlap == labels_job.overlap and features_job.seed == labels_job.seed
+    config = load_config(DOCKER / "../examples/breast.toml", {})
     assert config.run.model == "tabular_mlp" and config.quantizer.mode == "pq"
-    assert len(a_header) == 1 + 20 and a_header[0] == "id"
-    assert len(b_header) == 2 + 10 and b_header[:2] == ["id", "y"]

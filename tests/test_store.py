@@ -17,7 +17,7 @@ from party_b.labels import load_label_table
 from party_b.metrics import Metrics
 from party_b.service import Caller, RunService
 from party_b.settings import Limits
-from shared.demo import write_breast_cancer_split
+from shared.demo_data import write_party_a_demo, write_party_b_demo
 from tests.utils.databases import fresh_database
 from tests.utils.party_a import breast_config
 
@@ -31,6 +31,14 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
         made = store.make_engine(url)
         yield made
         made.dispose()
+
+
+def _demo(directory: Path, overlap: float = 1.0) -> tuple[Path, Path]:
+    """The bundled demo data: (party A's features, party B's labels)."""
+    return (
+        write_party_a_demo(directory / "features.csv", overlap=overlap),
+        write_party_b_demo(directory / "labels.csv", overlap=overlap),
+    )
 
 
 def _run(owner_id: int, run_id: str = "r" * 32) -> store.Run:
@@ -157,7 +165,7 @@ def _train(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_run_trains_and_resumes_on_the_backend(backend: str, tmp_path: Path) -> None:
-    data = write_breast_cancer_split(tmp_path / "data", overlap=0.9)
+    data = _demo(tmp_path / "data", overlap=0.9)
     with fresh_database(backend, tmp_path) as url:
         first, engine = _train(url, tmp_path, data, steps=20, stop_at=12)
         stopped_at = first.step
@@ -180,7 +188,7 @@ def test_a_run_trains_and_resumes_on_the_backend(backend: str, tmp_path: Path) -
 def test_copying_the_sqlite_state_to_another_database_keeps_everything(
     backend: str, tmp_path: Path
 ) -> None:
-    data = write_breast_cancer_split(tmp_path / "data")
+    data = _demo(tmp_path / "data")
     source_url = f"sqlite:///{tmp_path / 'source.sqlite'}"
     trainer, engine = _train(source_url, tmp_path, data, steps=15, stop_at=10)
     run_id = trainer.run_id
