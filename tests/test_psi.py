@@ -20,6 +20,7 @@ from party_a.errors import ConfigError
 from party_a.features import load_features
 from party_a.state import LocalStore
 from party_a.trainer import PartyATrainer
+from party_b import auth
 from party_b.labels import load_label_table
 from party_b.metrics import Metrics
 from party_b.service import Caller, RunService
@@ -159,8 +160,6 @@ def party_b_service(tmp_path: Path) -> Iterator[tuple[RunService, Caller, Path]]
     a_path, b_path = _write_tables(tmp_path, a_ids, b_ids)
     engine = make_engine(f"sqlite:///{tmp_path / 'b.sqlite'}")
     sessions = make_session_factory(engine)
-    from party_b import auth
-
     with sessions() as session:
         auth.register_token(session, "alice", TOKEN)
         row = auth.authenticate(session, TOKEN)
