@@ -204,6 +204,10 @@ def test_invalid_json_config_gets_422_with_every_error(client: httpx.Client) -> 
         422,
         "invalid-request",
     )
+    bad_top = _problem(
+        client.post("/v1/runs", json=_spec(top={"hidden": [0]})), 422, "invalid-request"
+    )
+    assert "top model" in str(bad_top["detail"])
     over = _problem(client.post("/v1/runs", json=_spec(batch_size=10**6)), 422, "limit-exceeded")
     assert "limit" in str(over["detail"])
 
