@@ -210,9 +210,15 @@ class RunService:
                 alignment_key=secrets.token_hex(32),
                 num_classes=self._labels.num_outputs,
                 side_features=int(top.get("side_features", 0)),
-                idempotency_key=idempotency_key,
             )
             session.add(run)
+            if idempotency_key is not None:
+                session.flush()  # the run row first: the key refers to it
+                session.add(
+                    store.IdempotencyKey(
+                        owner_id=caller.token_id, key=idempotency_key, run_id=run.id
+                    )
+                )
             try:
                 session.commit()
             except IntegrityError:  # the same key arrived twice at once: the other one won
@@ -227,11 +233,8 @@ class RunService:
     def _created_with(
         self, session: Session, caller: Caller, spec: RunCreate, key: str
     ) -> RunOut | None:
-        run = session.scalar(
-            select(store.Run).where(
-                store.Run.owner_id == caller.token_id, store.Run.idempotency_key == key
-            )
-        )
+        known = session.get(store.IdempotencyKey, (caller.token_id, key))
+        run = session.get(store.Run, known.run_id) if known is not None else None
         if run is None:
             return None
         if run.config != spec.model_dump(mode="json"):
