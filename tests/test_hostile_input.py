@@ -392,7 +392,6 @@ def test_alignment_over_the_id_limit_gets_a_clear_problem(client: httpx.Client) 
         "limit-exceeded",
     )["detail"]
     assert "101" in detail and "100" in detail
-    client.post(f"/v1/runs/{run['id']}/finish")  # frees the quota for the other tests
 
 
 def test_steps_and_checkpoints_out_of_the_64_bit_range_are_refused(
@@ -471,3 +470,41 @@ def test_a_checkpoint_replaced_by_a_malicious_pickle_is_refused_and_never_runs(
     else:
         torch.load(io.BytesIO(payload), weights_only=False)
     assert marker.exists()
+
+
+# ------------------------------------------------------------------------ retried creates
+
+
+def test_a_repeated_create_with_the_same_idempotency_key_gets_the_same_run(
+    client: httpx.Client,
+) -> None:
+    spec = run_spec(name="idempotent")
+    key = {"Idempotency-Key": "k-0123456789"}
+
+    first = client.post("/v1/runs", json=spec, headers=key)
+    again = client.post("/v1/runs", json=spec, headers=key)
+    other = client.post("/v1/runs", json={**spec, "seed": 4}, headers=key)
+
+    assert first.status_code == again.status_code == 201
+    assert first.json()["id"] == again.json()["id"]
+    assert [r["name"] for r in client.get("/v1/runs").json()["runs"]].count("idempotent") == 1
+    problem(other, 422, "idempotency-key-reused")
+
+
+def test_a_database_from_before_idempotency_keys_is_upgraded_at_start_up(tmp_path: Path) -> None:
+    from party_b import store
+
+    settings = Settings(
+        data_dir=tmp_path / "b", labels=labels_csv(tmp_path / "labels.csv"), tokens=f"t:{TOKEN}"
+    )
+    (tmp_path / "b").mkdir()
+    engine = store.make_engine(settings.resolved_database_url())
+    store.IdempotencyKey.__table__.drop(engine)  # type: ignore[attr-defined]
+    engine.dispose()
+
+    headers = {"Authorization": f"Bearer {TOKEN}", "Idempotency-Key": "k-0123456789"}
+    with live_server(create_app(settings)) as url, httpx.Client(base_url=url, timeout=60) as c:
+        first = c.post("/v1/runs", json=run_spec(), headers=headers)
+        again = c.post("/v1/runs", json=run_spec(), headers=headers)
+    assert first.status_code == again.status_code == 201
+    assert first.json()["id"] == again.json()["id"]
