@@ -22,8 +22,6 @@ from tests.utils.checkpoint_writer import KEEP, payload
 from tests.utils.crash import integrity, snapshot
 from tests.utils.servers import REPO_ROOT
 
-pytestmark = pytest.mark.slow
-
 KILLS = 10
 
 
@@ -37,6 +35,7 @@ def _checkpoints(database: Path) -> dict[int, tuple[bytes, bytes]]:
         shutil.rmtree(copy.parent)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("side", ["b", "a"])
 def test_a_checkpoint_killed_mid_write_is_wholly_there_or_not_there(
     tmp_path: Path, side: str
@@ -79,3 +78,18 @@ def test_a_checkpoint_killed_mid_write_is_wholly_there_or_not_there(
 
     # the kills landed on both sides of a commit: some checkpoints made it, some did not
     assert outcomes["committed"] and outcomes["absent"], outcomes
+
+
+@pytest.mark.parametrize("side", ["b", "a"])
+def test_both_stores_run_sqlite_in_wal_mode_with_a_busy_timeout(tmp_path: Path, side: str) -> None:
+    from sqlalchemy import text
+
+    from party_a.state import LocalStore
+    from party_b.store import make_engine
+
+    url = f"sqlite:///{tmp_path / 'state.sqlite'}"
+    engine = make_engine(url) if side == "b" else LocalStore(url).engine
+    with engine.connect() as connection:
+        assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert connection.execute(text("PRAGMA busy_timeout")).scalar() == 30000
+    engine.dispose()
