@@ -6,6 +6,8 @@ process over HTTP, started together behind a barrier. The runs differ in seed an
 (FedLite pq with two codebook sizes, SplitFed raw), so a mix-up between runs would show.
 """
 
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +20,7 @@ from party_a.trainer import PartyATrainer
 from shared.training import state_sha256
 from tests.utils.data import breast_pair
 from tests.utils.party_a import breast_config, make_trainer
-from tests.utils.servers import PartyBProcess
-
-pytestmark = pytest.mark.slow
+from tests.utils.servers import REPO_ROOT, PartyBProcess
 
 ALICE = "alice-token-0123456789"
 RUNS = 20
@@ -70,6 +70,7 @@ def _train(party_b: PartyBProcess, tmp_path: Path, name: str, i: int) -> dict[st
         trainer.close()
 
 
+@pytest.mark.slow
 def test_twenty_runs_at_once_each_end_exactly_as_alone(
     party_b: PartyBProcess, tmp_path: Path
 ) -> None:
@@ -96,3 +97,38 @@ def test_twenty_runs_at_once_each_end_exactly_as_alone(
         assert together[i] == alone[i], f"run {i} differs when trained alongside the others"
         assert alone[i]["last_step"] == STEPS
     assert len({r["top"] for r in alone}) == RUNS  # the runs really are different
+
+
+# Sixteen threads answer PSI requests on one PsiServer, as party B's worker threads do. Run in
+# a child process: the failure this guards against is the process dying (SIGFPE or abort
+# inside the PSI library), which would take pytest down with it.
+_PSI_HAMMER = """
+import threading
+from shared.psi import PsiClient, PsiServer, new_server_key
+ids = [f"id{i}" for i in range(500)]
+server = PsiServer(ids, new_server_key())
+clients = [PsiClient(ids[10 * i : 10 * i + 300]) for i in range(16)]
+requests = [c.request() for c in clients]
+found = {}
+def work(i):
+    for _ in range(5):
+        response, _n = server.respond(requests[i], max_ids=1000)
+        found[i] = clients[i].intersection(server.setup, response)
+threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert sorted(len(v) for v in found.values()) == [300] * 16, found
+"""
+
+
+def test_concurrent_psi_requests_on_one_server_neither_crash_nor_mix_up() -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", _PSI_HAMMER],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 0, f"exit {child.returncode}: {child.stderr[-2000:]}"
