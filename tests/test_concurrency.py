@@ -24,7 +24,7 @@ from tests.utils.servers import REPO_ROOT, PartyBProcess
 
 ALICE = "alice-token-0123456789"
 RUNS = 20
-STEPS = 25
+STEPS = 20
 
 
 @pytest.fixture

@@ -121,7 +121,7 @@ def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
 def test_party_b_sigkilled_at_random_moments_and_mid_checkpoint_ends_like_an_uninterrupted_run(
     party_b: PartyBProcess, trainers: Callable[..., PartyATrainer], tmp_path: Path
 ) -> None:
-    steps = 120
+    steps = 100
     config = {
         "run.steps": steps,
         "run.checkpoint_interval": 4,
@@ -184,7 +184,7 @@ def test_party_a_cli_sigkilled_three_times_ends_like_an_uninterrupted_run(
     party_b: PartyBProcess, trainers: Callable[..., PartyATrainer], tmp_path: Path
 ) -> None:
     _guest, host = breast_pair()
-    steps = 150
+    steps = 120
     reference = trainers("reference-a", **{"run.steps": steps, "run.checkpoint_interval": 10})
     reference.prepare()
     reference.train()
