@@ -34,6 +34,7 @@ class ProblemType(StrEnum):
     CHECKPOINT_NOT_FOUND = _PREFIX + "checkpoint-not-found"  # 409: resume to a step not kept
     TRAINING_DIVERGED = _PREFIX + "training-diverged"  # 422: NaN/Inf loss; step not applied
     UNKNOWN_IDS = _PREFIX + "unknown-ids"  # 422: prediction ids party B does not hold
+    IDEMPOTENCY_KEY_REUSED = _PREFIX + "idempotency-key-reused"  # 422: same key, other body
     INTERNAL = _PREFIX + "internal"  # 500: a bug on party B's side, never caller input
 
 

@@ -18,7 +18,12 @@ class RunStatus(StrEnum):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN/Infinity parse from JSON (Python's json module accepts them) but cannot be sent back
+    # as JSON, and no hyper-parameter is meaningful at infinity: refuse them on the way in.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+MAX_STEP = 2**63 - 1  # steps are 64-bit signed ints on the wire and in the database
 
 
 class QuantizerSpec(_Strict):
@@ -95,6 +100,11 @@ class RunOut(BaseModel):
     alignment: AlignmentInfo | None = None
     num_classes: int
     side_features: int = Field(description="party B feature columns the top model uses")
+    model_sha256: str | None = Field(
+        default=None,
+        description="SHA-256 of the top model's parameters at ``step`` (GET /v1/runs/{id} of "
+        "an aligned run only): equal checksums mean bit-identical top models",
+    )
 
 
 class RunList(BaseModel):
@@ -118,7 +128,7 @@ class AlignmentOut(BaseModel):
 
 
 class ResumeIn(_Strict):
-    from_step: int = Field(ge=0, description="a step listed in the run's checkpoints")
+    from_step: int = Field(ge=0, le=MAX_STEP, description="a step listed in the run's checkpoints")
 
 
 class StepLogOut(BaseModel):

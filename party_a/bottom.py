@@ -19,7 +19,7 @@ from torch import Tensor
 from party_a.errors import ProtocolError
 from shared import codec
 from shared.correction import correct_gradient
-from shared.models import build_bottom, seed_dropout
+from shared.models import build_bottom, build_seeded, seed_dropout
 from shared.quantizer import GroupedProductQuantizer, PQConfig
 from shared.schedule import step_seed
 from shared.training import make_optimizer, state_from_bytes, state_to_bytes
@@ -60,9 +60,7 @@ class BottomTrainer:
         seed: int,
     ) -> None:
         """``quantizer``: mode ("pq"/"raw"), q, R, L, codebook_dtype, iterations, lambda."""
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            self.model = build_bottom(model, **bottom_kwargs)
+        self.model = build_seeded(lambda: build_bottom(model, **bottom_kwargs), seed)
         self.optimizer = make_optimizer(self.model.parameters(), optimizer)
         self.seed = seed
         self.tokens = model in _TOKEN_MODELS

@@ -12,7 +12,9 @@ Anything problem+json becomes a typed
 import json
 import logging
 import random
+import ssl
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -63,7 +65,7 @@ class HttpTransport:
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}", "User-Agent": "fedlite-a/1"},
             timeout=httpx.Timeout(timeout, connect=10.0),
-            verify=str(ca_bundle) if ca_bundle else True,
+            verify=ssl.create_default_context(cafile=str(ca_bundle)) if ca_bundle else True,
         )
         self._retry_for = retry_for
         self._sleep = sleep
@@ -84,7 +86,10 @@ class HttpTransport:
         return self._json("GET", "/v1/psi", PsiInfo)
 
     def create_run(self, spec: RunCreate) -> RunOut:
-        return self._json("POST", "/v1/runs", RunOut, body=spec)
+        # One key for every retry of this call: a POST whose answer was lost and is sent again
+        # gets the run it created, not a second one.
+        key = {"Idempotency-Key": uuid.uuid4().hex}
+        return self._json("POST", "/v1/runs", RunOut, body=spec, headers=key)
 
     def get_run(self, run_id: str) -> RunOut:
         return self._json("GET", f"/v1/runs/{run_id}", RunOut)
@@ -121,9 +126,19 @@ class HttpTransport:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _json(self, method: str, path: str, model: type[M], *, body: BaseModel | None = None) -> M:
+    def _json(
+        self,
+        method: str,
+        path: str,
+        model: type[M],
+        *,
+        body: BaseModel | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> M:
         content = body.model_dump_json().encode() if body is not None else None
-        headers = {"Content-Type": "application/json"} if content is not None else {}
+        headers = dict(headers or {})
+        if content is not None:
+            headers["Content-Type"] = "application/json"
         response = self._send(method, path, content=content, headers=headers)
         return model.model_validate(self._parse_json(response))
 
@@ -157,6 +172,11 @@ class HttpTransport:
                 response = self._client.request(method, path, **kwargs)
             except httpx.TransportError as exc:
                 failure = f"{type(exc).__name__}: {exc}"
+                if _tls_refused(exc):  # a wrong certificate does not heal by waiting
+                    raise TransportError(
+                        f"{method} {path}: TLS verification of party B failed ({failure}); "
+                        "pass the CA that signed its certificate with --ca-bundle"
+                    ) from None
             else:
                 if response.status_code < 400:
                     return response
@@ -183,6 +203,18 @@ class HttpTransport:
             f"HTTP {response.status_code} from party B without problem+json: "
             f"{response.text[:200]!r}"
         )
+
+
+def _tls_refused(exc: BaseException) -> bool:
+    """Whether a transport error was caused by a certificate that failed verification."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # httpx -> httpcore -> ssl: walk the (short) chain of causes
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _media(response: httpx.Response) -> str:

@@ -14,7 +14,7 @@ from time import perf_counter
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import anyio
-from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -35,6 +35,7 @@ from api_schemas import (
     StepLogPage,
 )
 from api_schemas.problems import MSGPACK_CONTENT_TYPE
+from api_schemas.runs import MAX_STEP
 from party_b import auth
 from party_b.errors import ProblemError
 from party_b.labels import LabelSource, load_label_table
@@ -166,7 +167,8 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     sessions = make_session_factory(engine)
     with sessions() as session:
         for name, token in parse_token_list(settings.tokens):
-            auth.register_token(session, name, token)
+            if not auth.register_token(session, name, token):
+                log.warning("token %r from the configuration was revoked; it stays revoked", name)
     metrics = Metrics()
     service = RunService(
         sessions=sessions,
@@ -287,8 +289,12 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/runs", status_code=201, tags=["runs"])
-    async def create_run(spec: RunCreate, who: CallerDep) -> RunOut:
-        return await in_thread(service.create_run, who, spec)
+    async def create_run(
+        spec: RunCreate,
+        who: CallerDep,
+        idempotency_key: Annotated[str | None, Header(min_length=1, max_length=128)] = None,
+    ) -> RunOut:
+        return await in_thread(service.create_run, who, spec, idempotency_key)
 
     @app.get("/v1/runs", tags=["runs"])
     async def list_runs(who: CallerDep) -> RunList:
@@ -322,7 +328,7 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     async def step_log(
         run_id: str,
         who: CallerDep,
-        start: Annotated[int, Query(ge=0)] = 0,
+        start: Annotated[int, Query(ge=0, le=MAX_STEP)] = 0,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> StepLogPage:
         return StepLogPage(steps=await in_thread(service.step_log, who, run_id, start, limit))

@@ -31,8 +31,13 @@ def issue_token(session: Session, name: str) -> str:
     return token
 
 
-def register_token(session: Session, name: str, token: str) -> None:
-    """Store ``token`` under ``name`` (replacing that name's token, un-revoking it)."""
+def register_token(session: Session, name: str, token: str) -> bool:
+    """Store ``token`` under ``name``, replacing that name's token; returns whether it is active.
+
+    A revoked token stays revoked: registering the very same token again (as every start-up
+    does with FEDLITE_B_TOKENS) must not bring it back. A new token for the name is a new
+    credential and is active.
+    """
     if len(token) < MIN_TOKEN_LENGTH:
         raise ValueError(f"token for {name!r} is shorter than {MIN_TOKEN_LENGTH} characters")
     digest = hash_token(token)
@@ -42,10 +47,13 @@ def register_token(session: Session, name: str, token: str) -> None:
     row = session.scalar(select(ApiToken).where(ApiToken.name == name))
     if row is None:
         session.add(ApiToken(name=name, token_sha256=digest))
+    elif row.token_sha256 == digest and row.revoked_at is not None:
+        return False
     else:
         row.token_sha256 = digest
         row.revoked_at = None
     session.commit()
+    return True
 
 
 def revoke_token(session: Session, name: str) -> bool:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from torch import Tensor
 
@@ -52,7 +53,7 @@ from party_b.settings import Limits
 from party_b.top import DivergedError, StepOutcome, TopTrainer
 from shared import codec
 from shared.alignment import hmac_ids, order_by_raw_id
-from shared.models import MODEL_NAMES, top_kwargs
+from shared.models import MODEL_NAMES, build_top, top_kwargs
 from shared.models import task as model_task
 from shared.psi import (
     PSI_PROTOCOL,
@@ -64,6 +65,7 @@ from shared.psi import (
 )
 from shared.quantizer import GroupedProductQuantizer, PQCode, PQConfig
 from shared.schedule import batch_digest, batch_positions, split_train_eval, step_seed
+from shared.training import state_sha256
 
 __all__ = ["Caller", "RunService"]
 
@@ -167,7 +169,10 @@ class RunService:
 
     # ============================================================== runs
 
-    def create_run(self, caller: Caller, spec: RunCreate) -> RunOut:
+    def create_run(
+        self, caller: Caller, spec: RunCreate, idempotency_key: str | None = None
+    ) -> RunOut:
+        """A new run; with ``idempotency_key``, a repeat of the same request gets the same run."""
         self._check_spec(spec)
         top = self._top_kwargs(spec)
         try:
@@ -176,6 +181,10 @@ class RunService:
             raise ProblemError.invalid(f"top model: {exc}") from None
         # the quota check and the insert must not interleave with another create
         with self._create_lock, self._sessions() as session:
+            if idempotency_key is not None:
+                earlier = self._created_with(session, caller, spec, idempotency_key)
+                if earlier is not None:
+                    return earlier
             open_runs = session.scalar(
                 select(func.count())
                 .select_from(store.Run)
@@ -203,8 +212,39 @@ class RunService:
                 side_features=int(top.get("side_features", 0)),
             )
             session.add(run)
-            session.commit()
+            if idempotency_key is not None:
+                session.flush()  # the run row first: the key refers to it
+                session.add(
+                    store.IdempotencyKey(
+                        owner_id=caller.token_id, key=idempotency_key, run_id=run.id
+                    )
+                )
+            try:
+                session.commit()
+            except IntegrityError:  # the same key arrived twice at once: the other one won
+                session.rollback()
+                assert idempotency_key is not None
+                earlier = self._created_with(session, caller, spec, idempotency_key)
+                if earlier is None:
+                    raise
+                return earlier
             return self._run_out(session, run)
+
+    def _created_with(
+        self, session: Session, caller: Caller, spec: RunCreate, key: str
+    ) -> RunOut | None:
+        known = session.get(store.IdempotencyKey, (caller.token_id, key))
+        run = session.get(store.Run, known.run_id) if known is not None else None
+        if run is None:
+            return None
+        if run.config != spec.model_dump(mode="json"):
+            raise ProblemError(
+                422,
+                ProblemType.IDEMPOTENCY_KEY_REUSED,
+                "Idempotency key reused",
+                f"run {run.id} was created with this Idempotency-Key and another configuration",
+            )
+        return self._run_out(session, run)
 
     def list_runs(self, caller: Caller) -> list[RunOut]:
         with self._sessions() as session:
@@ -216,8 +256,20 @@ class RunService:
             return [self._run_out(session, run) for run in runs]
 
     def get_run(self, caller: Caller, run_id: str) -> RunOut:
+        """The run; for an aligned one also its top model's checksum at the reported step."""
         with self._sessions() as session:
-            return self._run_out(session, self._owned(session, caller, run_id))
+            run = self._owned(session, caller, run_id)
+            if run.status == RunStatus.CREATED.value:
+                return self._run_out(session, run)
+        try:
+            state = self._state(caller, run_id)
+        except ProblemError:  # e.g. the label table lost ids: still show the run
+            with self._sessions() as session:
+                return self._run_out(session, self._owned(session, caller, run_id))
+        with state.lock, self._sessions() as session:  # step and checksum of one moment
+            out = self._run_out(session, self._owned(session, caller, run_id))
+            out.model_sha256 = state_sha256(state.trainer.model.state_dict())
+            return out
 
     def finish(self, caller: Caller, run_id: str) -> RunOut:
         """No more steps; the final model is checkpointed and keeps serving predictions."""
@@ -435,7 +487,11 @@ class RunService:
                     f"no checkpoint at step {from_step}; party B keeps {kept}",
                     checkpoints=kept,
                 )
-            state.trainer.load_state(checkpoint.model_state, checkpoint.optimizer_state)
+            try:
+                _restore(state.trainer, checkpoint)
+            except ProblemError:
+                self._drop(run_id)  # the model may be half loaded: reload it on next use
+                raise
             state.step = checkpoint.step
             state.last_request_sha = checkpoint.request_sha256
             state.last_response = checkpoint.response
@@ -554,7 +610,7 @@ class RunService:
             checkpoint = store.load_checkpoint(session, run_id)
             if checkpoint is None:
                 raise ProblemError(500, ProblemType.INTERNAL, "Run has no checkpoint", run_id)
-            trainer.load_state(checkpoint.model_state, checkpoint.optimizer_state)
+            _restore(trainer, checkpoint)
             store.forget_after(session, run_id, checkpoint.step)
             session.commit()
             blob = run.aligned_ids
@@ -665,11 +721,30 @@ class RunService:
                 raise ProblemError.limit(f"{name}={value} is over this server's limit {limit}")
 
     def _top_kwargs(self, spec: RunCreate) -> dict[str, Any]:
-        """The run's top kwargs with the ones party B derives from its labels filled in."""
+        """The run's top kwargs with the ones party B derives from its labels filled in, checked
+        (kwargs and size) by a build on the meta device."""
         kwargs: dict[str, Any] = dict(spec.top)
         kwargs[_OUTPUT_KWARG[spec.model]] = self._labels.num_outputs
         if "side_features" in top_kwargs(spec.model):
             kwargs["side_features"] = self._labels.side_width if spec.use_side_features else 0
+        try:
+            # Built on the meta device: validates the kwargs and counts parameters without
+            # allocating, so {"hidden": [10**6, 10**6]} is refused instead of exhausting memory.
+            with torch.device("meta"):
+                model = build_top(spec.model, cut_dim=spec.cut_dim, **kwargs)
+        except ValueError as exc:
+            raise ProblemError.invalid(f"top model: {exc}") from None
+        except (RuntimeError, OverflowError):  # sizes whose byte count overflows 64 bits
+            raise ProblemError.limit(
+                f"the top model {spec.top} is too large to build; this server's limit is "
+                f"{self._limits.max_top_params:,} parameters"
+            ) from None
+        params = sum(p.numel() for p in model.parameters())
+        if params > self._limits.max_top_params:
+            raise ProblemError.limit(
+                f"the top model would have {params:,} parameters, over this server's limit "
+                f"{self._limits.max_top_params:,}"
+            )
         return kwargs
 
     def _new_trainer(self, spec: RunCreate) -> TopTrainer:
@@ -822,6 +897,31 @@ class RunService:
             train=run.train_size or 0,
             eval=run.eval_size or 0,
         )
+
+
+def _restore(trainer: TopTrainer, checkpoint: store.Checkpoint) -> None:
+    """Load a checkpoint into ``trainer``; a row that is not a plain state dict is refused.
+
+    The bytes come from our own database, but a database file can be tampered with or damaged:
+    ``state_from_bytes`` unpickles with ``weights_only=True``, so a crafted row cannot run code,
+    and it fails here with a clear error instead of loading.
+    """
+    try:
+        trainer.load_state(checkpoint.model_state, checkpoint.optimizer_state)
+    except Exception as exc:
+        log.error(
+            "checkpoint of run %s at step %d is unreadable: %s",
+            checkpoint.run_id,
+            checkpoint.step,
+            exc,
+        )
+        raise ProblemError(
+            500,
+            ProblemType.INTERNAL,
+            "Checkpoint unreadable",
+            f"party B's checkpoint at step {checkpoint.step} of this run does not load as a "
+            "plain state dict (damaged or tampered database); the operator must restore it",
+        ) from None
 
 
 def _dequantizer(spec: RunCreate) -> GroupedProductQuantizer | None:

@@ -21,6 +21,9 @@ class Limits(BaseSettings):
     max_steps: int = Field(default=10_000_000, ge=1, description="steps per run")
     max_runs_per_token: int = Field(default=64, ge=1, description="runs not yet finished")
     max_aligned_ids: int = Field(default=5_000_000, ge=1, description="ids per alignment")
+    max_top_params: int = Field(
+        default=50_000_000, ge=1, description="parameters of one run's top model (memory)"
+    )
 
 
 class Settings(BaseSettings):

@@ -36,6 +36,7 @@ __all__ = [
     "Base",
     "Checkpoint",
     "EvalResult",
+    "IdempotencyKey",
     "PsiKey",
     "Run",
     "StepLog",
@@ -131,6 +132,22 @@ class EvalResult(Base):
     n: Mapped[int] = mapped_column(Integer)
     loss: Mapped[float | None] = mapped_column(Float)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class IdempotencyKey(Base):
+    """The ``Idempotency-Key`` of the POST that created a run, per token.
+
+    A retried ``POST /v1/runs`` whose answer was lost gets this run back instead of creating a
+    second one. A table of its own (not a column of ``runs``) so that a database from before
+    it gains it with ``create_all`` at start-up, without a migration.
+    """
+
+    __tablename__ = "idempotency_keys"
+
+    owner_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 

@@ -9,7 +9,6 @@ sample; ``metrics["n"]`` reports that n so party A can scale its gradient correc
 way (see shared.correction.correct_gradient's ``sample_weight``).
 """
 
-import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,16 +17,13 @@ import torch
 from sklearn.metrics import roc_auc_score
 from torch import Tensor
 
-from shared.models import build_top, seed_dropout
+from shared.models import build_seeded, build_top, seed_dropout
 from shared.training import make_optimizer, state_from_bytes, state_to_bytes
 
 __all__ = ["DivergedError", "EvalOutcome", "StepOutcome", "TopTrainer"]
 
 Task = Literal["classification", "multilabel", "sequence"]
 IGNORE = -100  # sequence targets with this value (padding) take no part in loss or accuracy
-
-# Model construction seeds torch's global RNG; concurrent runs must not interleave there.
-_BUILD_LOCK = threading.Lock()
 
 
 class DivergedError(ValueError):
@@ -61,9 +57,7 @@ class TopTrainer:
         task: Task,
         seed: int,
     ) -> None:
-        with _BUILD_LOCK, torch.random.fork_rng():
-            torch.manual_seed(seed)
-            self.model = build_top(model, cut_dim=cut_dim, **top_kwargs)
+        self.model = build_seeded(lambda: build_top(model, cut_dim=cut_dim, **top_kwargs), seed)
         self.optimizer = make_optimizer(self.model.parameters(), optimizer)
         self.task = task
         self.cut_dim = cut_dim
@@ -84,7 +78,7 @@ class TopTrainer:
         assert z.grad is not None
         # Check before stepping: a rejected step must leave the model exactly as it was.
         if not (torch.isfinite(loss) and torch.isfinite(z.grad).all()):
-            raise DivergedError(f"non-finite loss ({float(loss)}) or gradient")
+            raise DivergedError(f"non-finite loss ({float(loss.detach())}) or gradient")
         self.optimizer.step()
         metrics = {"n": float(n), **self._batch_metrics(logits.detach(), targets)}
         return StepOutcome(loss=float(loss.detach()), metrics=metrics, grad=z.grad)

@@ -22,9 +22,10 @@ the ``cut_dim`` it receives from party A.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +36,7 @@ __all__ = [
     "Task",
     "TopModel",
     "build_bottom",
+    "build_seeded",
     "build_top",
     "bottom_kwargs",
     "cut_dim",
@@ -53,6 +55,25 @@ Task = Literal["classification", "multilabel", "sequence"]
 """
 
 KwargValue = int | list[int]
+M = TypeVar("M", bound=nn.Module)
+
+# Initialisation draws from torch's process-wide RNG, so seeding it and building a model must be
+# one atomic act: two threads building at once (party B serving several runs, a party A process
+# with several sessions, both parties in one experiment process) would interleave their draws
+# and get weights that depend on timing. One lock for the whole process, shared by both parties.
+_INIT_LOCK = threading.Lock()
+
+
+def build_seeded(build: Callable[[], M], seed: int) -> M:
+    """``build()`` with torch's global RNG seeded to ``seed``, atomically across threads.
+
+    The caller's RNG state is restored afterwards (``fork_rng``), so building a model never
+    disturbs anyone else's random stream.
+    """
+    with _INIT_LOCK, torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return build()
+
 
 # ---------------------------------------------------------------------------------------------
 # Top base class: one place that checks what arrives from the wire

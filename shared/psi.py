@@ -37,6 +37,7 @@ Exceptions::
 
 import hashlib
 import secrets
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -189,6 +190,10 @@ class PsiServer:
 
     def __init__(self, ids: Sequence[str], key: bytes) -> None:
         self._server = _psi.server.CreateFromKey(key, True)
+        # The library's server object is not thread-safe: two requests processed at once on
+        # it crash the process (SIGFPE / abort inside the C++ code). Party B answers requests
+        # from several worker threads, so they take turns on it.
+        self._lock = threading.Lock()
         # RAW: the exact set of blinded points, sorted by the library (hides party B's order).
         # No false positives, and unlike a Bloom filter it does not depend on |X|, so one
         # setup serves every request.
@@ -214,7 +219,8 @@ class PsiServer:
         if count > max_ids:
             raise PsiTooLarge(f"{count} ids in the request, over this server's limit {max_ids}")
         try:
-            response: bytes = self._server.ProcessRequest(parsed).SerializeToString()
+            with self._lock:
+                response: bytes = self._server.ProcessRequest(parsed).SerializeToString()
         except RuntimeError as exc:  # an element that is not a P-256 point
             raise PsiError(f"the request holds an invalid point: {exc}") from None
         return response, count

@@ -1,12 +1,13 @@
 """Small torch helpers both parties use: optimizers from JSON specs, state dicts as bytes."""
 
+import hashlib
 import io
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["make_optimizer", "state_from_bytes", "state_to_bytes"]
+__all__ = ["make_optimizer", "state_from_bytes", "state_sha256", "state_to_bytes"]
 
 
 def make_optimizer(
@@ -37,3 +38,17 @@ def state_from_bytes(data: bytes) -> dict[str, Any]:
     # arbitrary objects), even if someone tampered with the database file.
     loaded: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=True)
     return loaded
+
+
+def state_sha256(state: dict[str, torch.Tensor]) -> str:
+    """Hex SHA-256 of a model's state dict: names, dtypes, shapes and values, in order.
+
+    Two models have the same checksum exactly when they hold bit-identical parameters; it does
+    not depend on how torch happens to serialize them (unlike hashing ``state_to_bytes``).
+    """
+    digest = hashlib.sha256()
+    for name, tensor in state.items():
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -42,13 +42,16 @@ def make_trainer(
     *,
     retry_for: float = 120.0,
     ca_bundle: Path | None = None,
+    timeout: float = 120.0,
 ) -> PartyATrainer:
     return PartyATrainer(
         config=config,
         features=load_features(
             features, id_column="id", feature_columns=None, standardize=config.data.standardize
         ),
-        transport=HttpTransport(server, token, retry_for=retry_for, ca_bundle=ca_bundle),
+        transport=HttpTransport(
+            server, token, retry_for=retry_for, ca_bundle=ca_bundle, timeout=timeout
+        ),
         store=LocalStore.in_directory(state_dir),
         server=server,
     )

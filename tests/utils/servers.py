@@ -10,6 +10,8 @@ from pathlib import Path
 
 import httpx
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -28,6 +30,7 @@ class PartyBProcess:
         *,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        module: str = "party_b.cli",
     ) -> None:
         self.data_dir = data_dir
         self.labels = labels
@@ -35,6 +38,7 @@ class PartyBProcess:
         self.port = free_port()
         self.extra_args = extra_args or []
         self.env = env or {}
+        self.module = module  # e.g. tests.utils.party_b_faulty: the same CLI with a fault hook
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir / "party_b.log"
         self.scheme = "https" if "--ssl-certfile" in self.extra_args else "http"
@@ -46,7 +50,7 @@ class PartyBProcess:
     def start(self, timeout: float = 60.0, verify: object = True) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
-            sys.executable, "-m", "party_b.cli", "serve",
+            sys.executable, "-m", self.module, "serve",
             "--port", str(self.port),
             "--data-dir", str(self.data_dir),
             "--labels", str(self.labels),
@@ -56,7 +60,11 @@ class PartyBProcess:
         ]  # fmt: skip
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
         self.proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
+            cwd=REPO_ROOT,
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -85,6 +93,10 @@ class PartyBProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
+
+    @property
+    def database(self) -> Path:
+        return self.data_dir / "party_b.sqlite"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -1,0 +1,315 @@
+"""Crashes and a flaky network, over real HTTP, with seeded randomness.
+
+* party B (``fedlite-b serve``) SIGKILLed several times in one run, at random moments, in the
+  middle of a checkpoint write and right after a restart;
+* party A (``fedlite-a train``) SIGKILLed several times and simply run again;
+* a fault-injecting proxy between the parties that drops, delays, truncates and resets;
+* a checkpoint writer killed mid-transaction, again and again.
+
+Every run must end bit-identical to an uninterrupted run with the same seed: the same eval
+metrics, the same bottom model at party A and the same top model at party B (checksums), with
+every step applied exactly once (the step log holds 1..N, each once). After every crash the
+database passes ``PRAGMA integrity_check`` and every checkpoint in it is whole.
+"""
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from party_a.client import HttpTransport
+from party_a.state import LocalStore
+from party_a.trainer import PartyATrainer, TrainSummary
+from shared.training import state_from_bytes, state_sha256
+from tests.utils.crash import integrity, party_b_checkpoints
+from tests.utils.data import breast_pair
+from tests.utils.faults import Fault, FaultPlan, FaultProxy
+from tests.utils.party_a import breast_config, make_trainer
+from tests.utils.servers import REPO_ROOT, PartyBProcess
+
+pytestmark = pytest.mark.slow
+
+ALICE = "alice-token-0123456789"
+
+
+@pytest.fixture
+def party_b(tmp_path: Path) -> Iterator[PartyBProcess]:
+    """Party B with the checkpoint-stall hook (inactive until a test arms it)."""
+    guest, _host = breast_pair()
+    server = PartyBProcess(
+        tmp_path / "party_b",
+        guest,
+        {"alice": ALICE},
+        module="tests.utils.party_b_faulty",
+        env={
+            "FEDLITE_TEST_ARM": str(tmp_path / "arm"),
+            "FEDLITE_TEST_PAUSED": str(tmp_path / "paused"),
+        },
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def trainers(party_b: PartyBProcess, tmp_path: Path) -> Iterator[Callable[..., PartyATrainer]]:
+    made: list[PartyATrainer] = []
+
+    def make(name: str, *, server: str | None = None, timeout: float = 120.0, **overrides: Any):
+        _guest, host = breast_pair()
+        config = breast_config(name, **overrides)
+        url = server or party_b.url
+        made.append(make_trainer(tmp_path / f"a-{name}", url, ALICE, host, config, timeout=timeout))
+        return made[-1]
+
+    yield make
+    for trainer in made:
+        trainer.close()
+
+
+def _remote(party_b: PartyBProcess, run_id: str) -> dict[str, Any]:
+    with httpx.Client(
+        base_url=party_b.url, headers={"Authorization": f"Bearer {ALICE}"}, timeout=60
+    ) as c:
+        run: dict[str, Any] = c.get(f"/v1/runs/{run_id}").json()
+        return run
+
+
+def _step_log(party_b: PartyBProcess, run_id: str) -> list[int]:
+    with HttpTransport(party_b.url, ALICE) as transport:
+        return [row["step"] for row in transport.step_log(run_id)]
+
+
+def _bottom_sha(trainer: PartyATrainer) -> str:
+    return state_sha256(trainer.bottom.model.state_dict())
+
+
+def _train_in_thread(trainer: PartyATrainer) -> tuple[threading.Thread, dict[str, Any]]:
+    result: dict[str, Any] = {}
+
+    def train() -> None:
+        try:
+            result["summary"] = trainer.train()
+        except Exception as exc:  # surfaced by the test's assertions
+            result["error"] = exc
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+# ------------------------------------------------------------------------ party B killed
+
+
+def test_party_b_sigkilled_at_random_moments_and_mid_checkpoint_ends_like_an_uninterrupted_run(
+    party_b: PartyBProcess, trainers: Callable[..., PartyATrainer], tmp_path: Path
+) -> None:
+    steps = 100
+    config = {
+        "run.steps": steps,
+        "run.checkpoint_interval": 4,
+        "model.top": {"hidden": [128, 128]},  # checkpoints of ~0.3 MB: writes take a while
+    }
+    reference = trainers("reference", **config)
+    reference.prepare()
+    reference.train()
+    expected = reference.evaluate()
+    expected_top = _remote(party_b, reference.run_id)["model_sha256"]
+
+    trainer = trainers("killed", **config)
+    trainer.prepare()
+    rng = random.Random(20240606)
+    modes = ["mid-checkpoint", "mid-checkpoint", "random", "random", "after-restart"]
+    rng.shuffle(modes)
+    kill_at = sorted(rng.sample(range(8, steps - 16), len(modes)))
+    arm, paused = tmp_path / "arm", tmp_path / "paused"
+    thread, result = _train_in_thread(trainer)
+    killed_mid_write: list[int] = []
+
+    for mode, at in zip(modes, kill_at, strict=True):
+        _wait_for(lambda at=at: trainer.step >= at or not thread.is_alive(), 120, f"step {at}")
+        assert thread.is_alive(), result
+        if mode == "mid-checkpoint":
+            arm.touch()  # the next checkpoint write stalls before its commit...
+            _wait_for(paused.exists, 60, "a checkpoint write")
+            killed_mid_write.append(int(paused.read_text()))
+            paused.unlink()
+        elif mode == "random":
+            time.sleep(rng.uniform(0.0, 0.05))
+        elif mode == "after-restart":  # party A is still retrying when B dies again
+            party_b.kill9()
+            party_b.start()
+        party_b.kill9()  # ...and is killed there
+        assert integrity(party_b.database) == "ok"
+        kept = party_b_checkpoints(party_b.database)[trainer.run_id]  # each loads whole
+        if mode == "mid-checkpoint":
+            assert killed_mid_write[-1] not in kept, "an uncommitted checkpoint survived"
+        party_b.start()
+
+    thread.join(timeout=300)
+    assert "error" not in result, result.get("error")
+    summary: TrainSummary = result["summary"]
+    assert summary.last_step == steps
+    assert summary.rollbacks >= 1
+    assert len(killed_mid_write) == 2
+    assert party_b.log().count("resumes from checkpoint") >= len(modes)
+    assert _step_log(party_b, trainer.run_id) == list(range(1, steps + 1))  # each once
+    answer = trainer.evaluate()
+    assert (answer.loss, answer.metrics) == (expected.loss, expected.metrics)
+    assert _bottom_sha(trainer) == _bottom_sha(reference)
+    assert _remote(party_b, trainer.run_id)["model_sha256"] == expected_top
+
+
+# ------------------------------------------------------------------------ party A killed
+
+
+def test_party_a_cli_sigkilled_three_times_ends_like_an_uninterrupted_run(
+    party_b: PartyBProcess, trainers: Callable[..., PartyATrainer], tmp_path: Path
+) -> None:
+    _guest, host = breast_pair()
+    steps = 120
+    reference = trainers("reference-a", **{"run.steps": steps, "run.checkpoint_interval": 10})
+    reference.prepare()
+    reference.train()
+    expected = reference.evaluate()
+    reference.finish()
+    expected_top = _remote(party_b, reference.run_id)["model_sha256"]
+
+    config = tmp_path / "run.toml"
+    config.write_text(
+        (REPO_ROOT / "examples" / "breast.toml")
+        .read_text()
+        .replace('name = "breast-demo"', 'name = "killed-a"')
+        .replace("steps = 100 ", f"steps = {steps} ")
+        .replace("checkpoint_interval = 25", "checkpoint_interval = 10")
+    )
+    state = tmp_path / "a-state"
+    summary_path = tmp_path / "summary.json"
+    command = [
+        sys.executable, "-m", "party_a.cli", "train", "--server", party_b.url,
+        "--token", ALICE, "--features", str(host), "--config", str(config),
+        "--state-dir", str(state), "--summary-json", str(summary_path),
+    ]  # fmt: skip
+    rng = random.Random(7)
+    kill_at = sorted(rng.sample(range(10, steps - 20), 3))
+    run_id = ""
+    with httpx.Client(
+        base_url=party_b.url, headers={"Authorization": f"Bearer {ALICE}"}, timeout=60
+    ) as c:
+        for at in kill_at:
+            process = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+
+            def reached(at: int = at, process: subprocess.Popen[bytes] = process) -> bool:
+                nonlocal run_id
+                mine = [r for r in c.get("/v1/runs").json()["runs"] if r["name"] == "killed-a"]
+                run_id = mine[0]["id"] if mine else ""
+                return bool(mine) and mine[0]["step"] >= at or process.poll() is not None
+
+            _wait_for(reached, 120, f"party A at step {at}")
+            time.sleep(rng.uniform(0.0, 0.05))
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=10)
+            assert process.returncode == -signal.SIGKILL, (
+                f"party A exited by itself before step {at}"
+            )
+            assert integrity(state / "party_a.sqlite") == "ok"
+        assert c.get(f"/v1/runs/{run_id}").json()["step"] < steps
+
+    final = subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    assert final.returncode == 0, final.stderr
+    summary = json.loads(summary_path.read_text())
+    assert summary["last_step"] == steps
+    assert _step_log(party_b, run_id) == list(range(1, steps + 1))
+    assert summary["eval_metrics"]["eval_loss"] == expected.loss
+    assert summary["eval_metrics"]["eval_auc"] == expected.metrics["auc"]
+    assert _remote(party_b, run_id)["model_sha256"] == expected_top
+    store = LocalStore.in_directory(state)
+    try:
+        local = store.find_run(party_b.url, "killed-a")
+        assert local is not None
+        last = store.load_checkpoint(local.id)
+        assert last is not None and last.step == steps
+        assert state_sha256(state_from_bytes(last.model_state)) == _bottom_sha(reference)
+    finally:
+        store.close()
+
+
+# ------------------------------------------------------------------------ flaky network
+
+FLAKY = {
+    Fault.PASS: 0.55,
+    Fault.DELAY: 0.15,
+    Fault.RESET: 0.08,
+    Fault.DROP: 0.10,
+    Fault.TRUNCATE: 0.05,
+    Fault.STALL: 0.04,
+    Fault.LATE: 0.03,
+}
+
+
+def test_a_flaky_network_converges_with_no_double_update(
+    party_b: PartyBProcess, trainers: Callable[..., PartyATrainer]
+) -> None:
+    steps = 80
+    reference = trainers("reference-net", **{"run.steps": steps, "run.checkpoint_interval": 10})
+    reference.prepare()
+    reference.train()
+    expected = reference.evaluate()
+    expected_top = _remote(party_b, reference.run_id)["model_sha256"]
+    # The first request (POST /v1/runs) loses its answer: the retry must not create a second
+    # run. Then one of each fault for certain (whatever the timing), then seeded draws.
+    script = [Fault.DROP, Fault.PASS, Fault.PASS, Fault.PASS]
+    script += [Fault.RESET, Fault.DROP, Fault.TRUNCATE, Fault.STALL, Fault.LATE, Fault.DELAY]
+    plan = FaultPlan(seed=11, weights=FLAKY, script=script, stall_s=1.5)
+
+    with FaultProxy(party_b.port, plan) as proxy:
+        trainer = trainers(
+            "flaky",
+            server=proxy.url,
+            timeout=1.0,  # < stall_s: a stalled answer times out and is retried
+            **{"run.steps": steps, "run.checkpoint_interval": 10},
+        )
+        trainer.prepare()
+        summary = trainer.train()
+        answer = trainer.evaluate()
+
+    assert proxy.requests[0] == ("POST /v1/runs HTTP/1.1", Fault.DROP)
+    assert {f for f in Fault if f is not Fault.PASS} <= set(proxy.counts), proxy.counts
+    assert trainer.transport.retries >= sum(  # type: ignore[attr-defined]
+        n for f, n in proxy.counts.items() if f is not Fault.PASS and f is not Fault.DELAY
+    )
+    assert summary.last_step == steps
+    runs = [r for r in _runs(party_b) if r["name"] == "flaky"]
+    assert len(runs) == 1, "a retried POST /v1/runs created a second run"
+    assert _step_log(party_b, trainer.run_id) == list(range(1, steps + 1))
+    assert (answer.loss, answer.metrics) == (expected.loss, expected.metrics)
+    assert _bottom_sha(trainer) == _bottom_sha(reference)
+    assert _remote(party_b, trainer.run_id)["model_sha256"] == expected_top
+
+
+def _runs(party_b: PartyBProcess) -> list[dict[str, Any]]:
+    with httpx.Client(
+        base_url=party_b.url, headers={"Authorization": f"Bearer {ALICE}"}, timeout=60
+    ) as c:
+        runs: list[dict[str, Any]] = c.get("/v1/runs").json()["runs"]
+        return runs

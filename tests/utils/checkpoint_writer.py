@@ -1,0 +1,79 @@
+"""Write big checkpoints in a loop through the real stores, for a test that kills us mid-write.
+
+    python -m tests.utils.checkpoint_writer {a|b} DATABASE
+
+Continues after the newest checkpoint already in DATABASE. Prints ``begin N`` before it writes
+the checkpoint of step N and ``committed N`` after the commit. The
+content of every checkpoint is a function of its step (``payload``), so a reader can tell a
+whole checkpoint from a torn one.
+"""
+
+import hashlib
+import sys
+from pathlib import Path
+
+KEEP = 3
+SIZE = 4 * 2**20  # bytes per state blob: big enough that a commit takes a while
+
+
+def payload(step: int, part: str) -> bytes:
+    block = hashlib.sha256(f"{part}:{step}".encode()).digest()
+    return block * (SIZE // len(block))
+
+
+def write_party_b(database: Path) -> None:
+    from party_b import store
+
+    engine = store.make_engine(f"sqlite:///{database}")
+    sessions = store.make_session_factory(engine)
+    with sessions() as session:
+        if session.get(store.Run, "r") is None:
+            session.add(store.ApiToken(id=1, name="t", token_sha256="0" * 64))
+            session.add(
+                store.Run(
+                    id="r", owner_id=1, name="r", status="training", config={},
+                    alignment_key="00", num_classes=2, side_features=0,
+                )
+            )  # fmt: skip
+            session.commit()
+        steps = store.checkpoint_steps(session, "r")
+    step = steps[-1] if steps else 0
+    while True:
+        step += 1
+        print(f"begin {step}", flush=True)
+        with sessions() as session:
+            store.save_checkpoint(
+                session,
+                run_id="r",
+                step=step,
+                model_state=payload(step, "model"),
+                optimizer_state=payload(step, "optimizer"),
+                request_sha256=hashlib.sha256(str(step).encode()).digest(),
+                response=None,
+                keep=KEEP,
+            )
+            session.commit()
+        print(f"committed {step}", flush=True)
+
+
+def write_party_a(database: Path) -> None:
+    from party_a.state import LocalRun, LocalStore
+
+    local = LocalStore(f"sqlite:///{database}")
+    run = local.find_run("s", "r") or local.add_run(
+        LocalRun(server="s", name="r", remote_id="r", config={}, alignment_key="00")
+    )
+    steps = local.checkpoint_steps(run.id)
+    step = steps[-1] if steps else 0
+    while True:
+        step += 1
+        print(f"begin {step}", flush=True)
+        local.save_checkpoint(
+            run.id, step, payload(step, "model"), payload(step, "optimizer"), keep=KEEP
+        )
+        print(f"committed {step}", flush=True)
+
+
+if __name__ == "__main__":
+    side, database = sys.argv[1], Path(sys.argv[2])
+    (write_party_b if side == "b" else write_party_a)(database)
