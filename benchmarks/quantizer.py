@@ -66,9 +66,10 @@ def femnist_batch(batch: int, seed: int) -> torch.Tensor:
 def nwp_batch(rows: int, seed: int) -> torch.Tensor:
     """Next-token LSTM bottom (d=96) on character codes of a fixed text: (rows, 96)."""
     torch.manual_seed(seed)
-    text = (Path(__file__).read_text() * 64).encode("ascii", "replace")
     seq_len = 30
-    tokens = torch.tensor(list(text[: rows * seq_len]), dtype=torch.int64) % 128
+    source = Path(__file__).read_text()
+    text = (source * (rows // len(source) + 1)).encode("ascii", "replace")
+    tokens = torch.tensor(list(text[:rows]), dtype=torch.int64) % 128
     bottom = build_bottom("next_token_lstm", vocab_size=128).eval()
     with torch.no_grad():
         return bottom(tokens.reshape(rows // seq_len, seq_len))

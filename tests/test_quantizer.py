@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from shared.kmeans import batched_kmeans
+from shared.kmeans import assign, batched_kmeans
 from shared.quantizer import GroupedProductQuantizer, PQCode, PQConfig, relative_error
 from tests.utils.activations import femnist_activations
 from tests.utils.reference_kmeans import lloyd
@@ -131,6 +131,69 @@ def test_error_is_close_to_faiss_kmeans_on_the_same_data() -> None:
             dist, _ = km.index.search(points, 1)
             theirs.append(float(dist.sum()) / float((points.astype(np.float64) ** 2).sum()))
         assert ours <= min(theirs) * 1.03 + 1e-9, (q, num_centroids, ours, min(theirs))
+
+
+@pytest.mark.parametrize(
+    ("groups", "n", "s", "num_centroids"),
+    [
+        (1, 500, 8, 2),  # L = 2: one comparison
+        (1, 300, 4, 3),  # few centroids, one group
+        (3, 200, 2, 8),  # few centroids, several groups
+        (5, 90, 2, 4),
+        (1, 400, 8, 9),  # many centroids: blocked scores, numpy argmin
+        (2, 700, 8, 64),
+    ],
+)
+def test_assign_is_the_nearest_centroid_on_every_code_path(
+    groups: int, n: int, s: int, num_centroids: int
+) -> None:
+    """L=2, L<=8 (one group and many) and blocked L>8 each take their own code path."""
+    g = torch.Generator().manual_seed(groups * 1000 + num_centroids)
+    points = torch.randn(groups, n, s, generator=g)
+    centroids = torch.randn(groups, num_centroids, s, generator=g)
+
+    labels = assign(points, centroids).numpy()
+
+    p64, c64 = points.double().numpy(), centroids.double().numpy()
+    d2 = ((p64[:, :, None, :] - c64[:, None, :, :]) ** 2).sum(-1)  # (g, n, l)
+    chosen = np.take_along_axis(d2, labels[..., None], axis=-1)[..., 0]
+    np.testing.assert_allclose(chosen, d2.min(-1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_centroids", [2, 4, 16])
+def test_ties_go_to_the_lowest_index_on_every_code_path(num_centroids: int) -> None:
+    """Duplicate centroids: every point goes to the first copy, never to a later one."""
+    base = torch.tensor([[0.0, 0.0], [5.0, 5.0]])
+    centroids = base[torch.arange(num_centroids) % 2].unsqueeze(0)  # copies at i and i + 2k
+    points = torch.cat([base, base + 0.1, base - 0.1]).unsqueeze(0)
+
+    labels = assign(points, centroids)
+
+    assert labels.tolist() == [[0, 1, 0, 1, 0, 1]]
+
+
+@pytest.mark.parametrize(("q", "r", "num_centroids"), [(1152, 1, 2), (1152, 8, 4), (48, 1, 64)])
+def test_same_seed_gives_identical_output_on_every_code_path(
+    q: int, r: int, num_centroids: int
+) -> None:
+    z = femnist_activations(batch=4)
+    quantizer = GroupedProductQuantizer(9216, PQConfig(q=q, R=r, L=num_centroids))
+
+    first, second = quantizer.encode(z, seed=11), quantizer.encode(z.clone(), seed=11)
+
+    assert torch.equal(first.codebook, second.codebook)
+    assert torch.equal(first.codewords, second.codewords)
+
+
+def test_kmeanspp_with_more_centroids_than_points_repeats_points() -> None:
+    points = torch.tensor([[[0.0], [1.0], [2.0]]])
+
+    result = batched_kmeans(points, 5, iterations=3, seed=0)
+
+    assert sorted(set(result.centroids.flatten().tolist())) == [0.0, 1.0, 2.0]
+    torch.testing.assert_close(
+        result.centroids[0, result.assignments[0]], points[0], rtol=0.0, atol=0.0
+    )
 
 
 # ----------------------------------------------------------------------------- trends (Fig. 2)
