@@ -37,7 +37,7 @@ demo: $(STAMP)
 	@echo "demo arrives with the two-party issue"
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/quantizer.py
+	$(BIN)/python -m benchmarks.quantizer
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
