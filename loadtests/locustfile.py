@@ -175,6 +175,7 @@ def _step_totals(environment: Environment) -> Totals:
     return Totals(
         requests=stats.total.num_requests,
         failures=stats.total.num_failures,
+        steps=steps.num_requests,
         p99_ms=steps.get_response_time_percentile(0.99) if steps.num_requests else 0.0,
     )
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from loadtests.scenarios import SCENARIOS, write_label_table
+from loadtests.scenarios import DEFAULT_IDS, SCENARIOS, write_label_table
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     classes = {name: cls for name, cls in _class_names().items() if name in args.scenarios}
     with tempfile.TemporaryDirectory(prefix="fedlite-load-") as tmp:
         work = Path(tmp)
-        labels = args.labels_csv or write_label_table(work / "labels.csv")
+        labels = args.labels_csv or write_label_table(work / "labels.csv", n=args.ids)
         prefix = work / "locust"
         if args.host:
             return _locust(args, args.host, labels, prefix, classes)
@@ -218,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=float, default=8.0, help="s before the server window")
     parser.add_argument("--max-fail-ratio", type=float, default=0.0)
     parser.add_argument("--max-p99-ms", type=float, default=2000.0)
+    parser.add_argument(
+        "--ids", type=int, default=DEFAULT_IDS, help="ids in the generated label table"
+    )
     parser.add_argument("--host", help="target a running party B instead of starting one")
     parser.add_argument("--labels-csv", type=Path, help="the running party B's label table")
     parser.add_argument("--no-malloc-tuning", action="store_true")
@@ -231,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown:
         print(f"unknown scenarios {sorted(unknown)}; known: {list(SCENARIOS)}", file=sys.stderr)
+        return 2
+    # every step's batch must fit in the training split (80 % of the ids)
+    needed = max(SCENARIOS[name].batch for name in args.scenarios) * 5 // 4 + 1
+    if not args.labels_csv and args.ids < needed:
+        print(f"--ids {args.ids} is too few for a batch of these scenarios: need {needed}")
         return 2
     if args.host and not args.labels_csv:
         print("--host needs --labels-csv (the running party B's label table)", file=sys.stderr)

@@ -30,6 +30,7 @@ from shared.schedule import batch_digest, batch_positions, split_train_eval
 
 __all__ = [
     "CLASSES",
+    "DEFAULT_IDS",
     "SCENARIOS",
     "Scenario",
     "StepSchedule",

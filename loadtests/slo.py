@@ -15,18 +15,20 @@ class Totals:
 
     requests: int  # all requests, failed ones included
     failures: int
-    p99_ms: float  # 99th percentile response time over all requests
+    steps: int  # step requests among them
+    p99_ms: float  # 99th percentile response time of the step requests
 
 
 def violations(totals: Totals, *, max_fail_ratio: float, max_p99_ms: float) -> list[str]:
     """Human-readable reasons the run fails its SLO; empty when it passes.
 
-    A run without a single request fails too: a load test that measured nothing must not
-    pass a CI gate.
+    A run without a single step request fails too: a load test that measured nothing must
+    not pass a CI gate.
     """
     problems = []
+    if totals.steps == 0:
+        problems.append("no step requests were made")
     if totals.requests == 0:
-        problems.append("no requests were made")
         return problems
     ratio = totals.failures / totals.requests
     if ratio > max_fail_ratio:
