@@ -25,7 +25,9 @@ and per-call overhead, so:
   matrix; at many centroids the argmin runs in numpy (SIMD; torch's CPU argmin is a scalar
   loop, ~6x slower at L=240), at few centroids it is a handful of vectorized float ops per
   centroid over (L, N) scores;
-* the update sums with ``index_add_``, or for L=2 with one (2, N) x (N, s) product;
+* the update sums with ``index_add_``, or for L=2 with one (2, N) x (N, s) product, and
+  finishes the means on the small (L, s) arrays in numpy (a fraction of torch's per-call
+  overhead, which at these shapes is most of the time);
 * buffers used every iteration are allocated once per call;
 * k-means++ draws its random keys with numpy's generator (seeded from torch's), ~10x
   faster than torch's CPU generator.
@@ -180,7 +182,8 @@ class _Points:
 
     def _assign_blocked(self, centroids: Tensor, labels: Tensor) -> Tensor:
         g, n, _ = self.points.shape
-        c_sq = (centroids * centroids).sum(-1)  # (g, l)
+        c_np = centroids.numpy()
+        c_sq = torch.from_numpy(np.einsum("gls,gls->gl", c_np, c_np))  # (g, l)
         labels_np = labels.numpy()
         scores = self._block_scores
         scores_np = scores.numpy()
@@ -198,7 +201,11 @@ class _Points:
     # ------------------------------------------------------------------ update
 
     def update(self, labels: Tensor, previous: Tensor) -> Tensor:
-        """Mean of the points of every cluster; an empty cluster keeps its previous centroid."""
+        """Mean of the points of every cluster; an empty cluster keeps its previous centroid.
+
+        The sums are torch ops over all points; what follows works on (G*L, s) arrays and
+        runs in numpy, whose per-call overhead is a fraction of torch's.
+        """
         g, n, s = self.points.shape
         num_centroids = self.num_centroids
         if g == 1 and num_centroids == 2:
@@ -206,20 +213,19 @@ class _Points:
             weights = self._weights
             weights[1].copy_(labels[0])
             torch.neg(weights[1], out=weights[0]).add_(1.0)
-            sums = torch.mm(weights, self.transposed[0].t())  # (2, s)
-            counts = weights.sum(1, keepdim=True)  # (2, 1)
-            means = sums / counts.clamp_min(1.0)
-            return torch.where(counts > 0, means, previous[0]).unsqueeze(0)
-        if self._flat is None:
-            flat = labels.view(-1)
+            sums = torch.mm(weights, self.transposed[0].t()).numpy()  # (2, s)
+            counts = weights.sum(1).numpy()  # (2,)
         else:
-            flat = torch.add(labels, self._offsets, out=self._flat.view(g, n)).view(-1)
-        sums = torch.zeros((g * num_centroids, s), dtype=torch.float32)
-        sums.index_add_(0, flat, self.points.view(-1, s))
-        counts = torch.bincount(flat, minlength=g * num_centroids).to(torch.float32)
-        counts = counts.unsqueeze(1)  # (g*l, 1)
-        means = sums / counts.clamp_min(1.0)
-        return torch.where(counts > 0, means, previous.reshape(-1, s)).reshape(g, num_centroids, s)
+            if self._flat is None:
+                flat = labels.view(-1)
+            else:
+                flat = torch.add(labels, self._offsets, out=self._flat.view(g, n)).view(-1)
+            sums_t = torch.zeros((g * num_centroids, s), dtype=torch.float32)
+            sums = sums_t.index_add_(0, flat, self.points.view(-1, s)).numpy()
+            counts = np.bincount(flat.numpy(), minlength=g * num_centroids).astype(np.float32)
+        means = sums / np.maximum(counts, 1.0)[:, None]
+        kept = previous.reshape(-1, s).numpy()
+        return torch.from_numpy(np.where(counts[:, None] > 0, means, kept)).view_as(previous)
 
 
 def _subsample(points: Tensor, keep: int, generator: torch.Generator) -> Tensor:
