@@ -78,13 +78,23 @@ def summary_ms(seconds: list[float]) -> dict[str, float]:
     }
 
 
+def _command() -> str:
+    """How this benchmark was started, as one would type it from the repository root."""
+    script = Path(sys.argv[0]).resolve()
+    root = Path(__file__).resolve().parents[1]
+    if script.is_relative_to(root) and script.suffix == ".py":
+        module = ".".join(script.relative_to(root).with_suffix("").parts)
+        return " ".join(["python", "-m", module, *sys.argv[1:]])
+    return " ".join(["python", *sys.argv])
+
+
 def write_result(name: str, payload: dict[str, Any], out: Path | None = None) -> Path:
     """Write ``benchmarks/results/<name>.json`` (or ``out``) with the standard header."""
     path = out or RESULTS / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {
         "benchmark": name,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": _command(),
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine(),
         **payload,

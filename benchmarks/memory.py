@@ -50,6 +50,32 @@ def idle_torch_kib() -> int:
 
 # ------------------------------------------------------------------------------ party A
 
+_FLOOR = """
+import pathlib, re, torch
+from shared.models import build_bottom
+from shared.quantizer import GroupedProductQuantizer, PQConfig
+bottom = build_bottom("femnist_cnn")
+optimizer = torch.optim.SGD(bottom.parameters(), lr=0.01)
+quantizer = GroupedProductQuantizer(9216, PQConfig(q=1152, L=2))
+x = torch.rand(20, 1, 28, 28)
+for step in range(20):
+    z = bottom(x)
+    quantizer.quantize(z.detach(), seed=step)
+    optimizer.zero_grad()
+    z.backward(torch.randn_like(z))
+    optimizer.step()
+status = pathlib.Path("/proc/self/status").read_text()
+print(re.search(r"VmHWM:\\s+(\\d+)", status).group(1))
+"""
+
+
+def torch_floor_kib() -> int:
+    """Peak RSS of bare torch doing the same bottom steps and quantization, nothing else."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FLOOR], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return int(done.stdout.strip())
+
 
 def party_a_child(url: str, features: Path, steps: int, state: Path) -> dict[str, Any]:
     """Runs in the child: train, then report peak RSS and the needed bytes, item by item."""
@@ -162,12 +188,14 @@ def measure_party_a(url: str, work: Path, ids: list[str], images: np.ndarray, st
         raise RuntimeError(done.stderr[-3000:])
     child = json.loads(done.stdout.strip().splitlines()[-1])
     idle = idle_torch_kib()
+    floor = torch_floor_kib()
     needed = sum(child["needed_bytes"].values())
     above_idle = (child["peak_kib"] - idle) * 1024
     above_imports = (child["peak_kib"] - child["after_imports_kib"]) * 1024
     return {
         **child,
         "idle_torch_kib": idle,
+        "bare_torch_steps_kib": floor,
         "peak_above_idle_torch_bytes": above_idle,
         "peak_above_own_imports_bytes": above_imports,
         "needed_total_bytes": needed,
@@ -250,6 +278,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="party A steps; party B steps")
     parser.add_argument("--runs", type=int, default=10, help="finished runs at party B")
     parser.add_argument("--no-malloc-tuning", action="store_true", help="for party B")
+    parser.add_argument("--party-a-only", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -264,10 +293,12 @@ def main() -> None:
         with party_b(work / "b-for-a", a_labels, malloc_tuning=not args.no_malloc_tuning) as url:
             party_a = measure_party_a(url, work, ids, images, args.steps)
         print("party A", json.dumps(party_a), flush=True)
-        b_labels = write_label_table(work / "b-labels.csv", n=2000)
-        with party_b(work / "b", b_labels, malloc_tuning=not args.no_malloc_tuning) as url:
-            party_b_result = measure_party_b(url, b_labels, max(args.steps, 600), args.runs)
-        print("party B", json.dumps(party_b_result), flush=True)
+        party_b_result: dict[str, Any] = {}
+        if not args.party_a_only:
+            b_labels = write_label_table(work / "b-labels.csv", n=2000)
+            with party_b(work / "b", b_labels, malloc_tuning=not args.no_malloc_tuning) as url:
+                party_b_result = measure_party_b(url, b_labels, max(args.steps, 600), args.runs)
+            print("party B", json.dumps(party_b_result), flush=True)
     path = write_result(
         "memory",
         {

@@ -87,9 +87,13 @@ def in_process(scenario_name: str, users: int, warmup: float, window: float) -> 
     }
 
 
-def over_http(scenario: str, users: int, run_time: float, warmup: float) -> dict[str, Any]:
+def over_http(
+    scenario: str, users: int, run_time: float, warmup: float, torch_threads: int | None
+) -> dict[str, Any]:
+    extra = ["--torch-threads", str(torch_threads)] if torch_threads else []
     args = loadrun.build_parser().parse_args(
         [
+            *extra,
             "--scenarios", scenario,
             "--users", str(users),
             "--run-time", f"{run_time:.0f}s",
@@ -119,25 +123,34 @@ def main() -> None:
     parser.add_argument("--users", default="1,4,16")
     parser.add_argument("--window", type=float, default=30.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds before it")
+    parser.add_argument("--torch-threads", type=int, help="party B's (and in process: ours)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
 
     load_before = os.getloadavg()
     counts = [int(u) for u in args.users.split(",")]
     rows = []
     for users in counts:
-        http = over_http(args.scenario, users, args.warmup + args.window + 2, args.warmup)
+        http = over_http(
+            args.scenario, users, args.warmup + args.window + 2, args.warmup, args.torch_threads
+        )
         local = in_process(args.scenario, users, min(args.warmup, 8.0), args.window)
         ratio = (http["steps_per_s"] or 0.0) / local["steps_per_s"]
         rows.append({"users": users, "http": http, "in_process": local, "http_ratio": ratio})
         print(users, "users: http", http, "in-process", local, f"ratio {ratio:.2f}", flush=True)
+    suffix = f"-{args.torch_threads}thread" if args.torch_threads else ""
     path = write_result(
-        f"throughput-{args.scenario}",
+        f"throughput-{args.scenario}{suffix}",
         {
             "versions": versions("torch", "fastapi", "uvicorn", "locust"),
             "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(),
             "scenario": args.scenario,
+            "party_b_torch_threads": args.torch_threads,
             "rows": rows,
         },
         args.out,
