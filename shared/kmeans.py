@@ -7,7 +7,8 @@ G groups, N points per group, s dimensions per point.
 
 Behaviour that callers can rely on:
 
-* Deterministic: the same points, L, seed and thread count give bit-identical output.
+* Deterministic: the same points, L and seed give bit-identical output (clustering runs on
+  one torch thread unless ``threads`` says otherwise; then the thread count matters too).
 * Init is greedy k-means++ (Arthur & Vassilvitskii, 2007) on a random subsample of at most
   max(1024, 16 L) points per group, drawing its centroids in at most 8 rounds of D^2
   sampling without replacement rather than L sequential passes (see _kmeanspp_init).
@@ -33,6 +34,9 @@ and per-call overhead, so:
   faster than torch's CPU generator.
 """
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -40,7 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["KMeansResult", "batched_kmeans", "assign", "squared_distances"]
+__all__ = ["KMeansResult", "assign", "batched_kmeans", "intra_op_threads", "squared_distances"]
 
 InitMethod = Literal["kmeans++", "random"]
 
@@ -61,6 +65,43 @@ _ASSIGN_BLOCK_ELEMENTS = 1 << 19
 # Up to this many centroids the argmin runs over (L, N) score rows with a few vectorized ops
 # per centroid, which beats a per-row argmin over a handful of elements.
 _SCAN_MAX_CENTROIDS = 8
+
+
+# torch's intra-op thread count is process-wide. k-means runs under a scoped setting, counted
+# so that overlapping calls from several threads restore the caller's setting only once the
+# last of them is done.
+_threads_lock = threading.Lock()
+_threads_users = 0
+_threads_saved = 0
+
+
+@contextmanager
+def intra_op_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with torch on ``threads`` intra-op threads (None: leave it as it is).
+
+    k-means at the paper's shapes is hundreds of small calls; with two threads each one opens
+    a parallel region that waits for both, and on a shared 2-core machine the second thread
+    is often descheduled: the next-token k-means took 1-8 s on two threads against 0.2-0.3 s
+    on one (docs/PERFORMANCE.md). Other threads of the process see the setting while the
+    block runs (a speed effect only; results never depend on it).
+    """
+    global _threads_users, _threads_saved
+    if threads is None:
+        yield
+        return
+    with _threads_lock:
+        if _threads_users == 0:
+            _threads_saved = torch.get_num_threads()
+            if _threads_saved != threads:
+                torch.set_num_threads(threads)
+        _threads_users += 1
+    try:
+        yield
+    finally:
+        with _threads_lock:
+            _threads_users -= 1
+            if _threads_users == 0 and torch.get_num_threads() != _threads_saved:
+                torch.set_num_threads(_threads_saved)
 
 
 @dataclass(frozen=True)
@@ -318,6 +359,7 @@ def batched_kmeans(
     init: InitMethod = "kmeans++",
     max_points_per_centroid: int | None = None,
     initial_centroids: Tensor | None = None,
+    threads: int | None = 1,
 ) -> KMeansResult:
     """Cluster every group of ``points`` into ``num_centroids`` centroids.
 
@@ -332,6 +374,8 @@ def batched_kmeans(
             final assignment always covers all N points.
         initial_centroids: optional (G, L, s) start instead of ``init`` (a warm start, and
             the hook the oracle tests use to compare against a reference implementation).
+        threads: torch intra-op threads while clustering (see :func:`intra_op_threads`);
+            None leaves the process's setting alone.
 
     Returns:
         :class:`KMeansResult` with centroids (G, L, s) and assignments (G, N).
@@ -347,6 +391,29 @@ def batched_kmeans(
         raise ValueError(f"iterations must be >= 0, got {iterations}")
     if not points.dtype.is_floating_point:
         raise ValueError(f"points must be floating point, got {points.dtype}")
+    with intra_op_threads(threads):
+        return _batched_kmeans(
+            points,
+            num_centroids,
+            iterations=iterations,
+            seed=seed,
+            init=init,
+            max_points_per_centroid=max_points_per_centroid,
+            initial_centroids=initial_centroids,
+        )
+
+
+def _batched_kmeans(
+    points: Tensor,
+    num_centroids: int,
+    *,
+    iterations: int,
+    seed: int,
+    init: InitMethod,
+    max_points_per_centroid: int | None,
+    initial_centroids: Tensor | None,
+) -> KMeansResult:
+    g, n, _ = points.shape
     points = points.detach().to(torch.float32).contiguous()
     generator = torch.Generator().manual_seed(seed)
 

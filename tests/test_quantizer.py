@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from shared.kmeans import assign, batched_kmeans
+from shared.kmeans import assign, batched_kmeans, intra_op_threads
 from shared.quantizer import GroupedProductQuantizer, PQCode, PQConfig, relative_error
 from tests.utils.activations import femnist_activations
 from tests.utils.reference_kmeans import lloyd
@@ -307,3 +307,28 @@ def test_bad_batches_are_refused() -> None:
         quantizer.encode(torch.full((3, 8), float("nan")), seed=0)
     with pytest.raises(ValueError, match="empty"):
         quantizer.encode(torch.zeros(0, 8), seed=0)
+
+
+def test_clustering_runs_on_one_thread_and_restores_the_callers_setting() -> None:
+    before = torch.get_num_threads()
+
+    with intra_op_threads(1):
+        inside = torch.get_num_threads()
+        with intra_op_threads(1):  # nested (or concurrent) users restore only once
+            pass
+        still_inside = torch.get_num_threads()
+    GroupedProductQuantizer(9216, PQConfig(q=1152, L=2)).encode(femnist_activations(2), seed=0)
+
+    assert (inside, still_inside) == (1, 1)
+    assert torch.get_num_threads() == before
+
+
+def test_threads_none_leaves_the_process_setting_alone() -> None:
+    before = torch.get_num_threads()
+    z = femnist_activations(batch=2)
+
+    one = GroupedProductQuantizer(9216, PQConfig(q=1152, L=2)).encode(z, seed=5)
+    untouched = GroupedProductQuantizer(9216, PQConfig(q=1152, L=2, threads=None)).encode(z, seed=5)
+
+    assert torch.get_num_threads() == before
+    assert torch.equal(one.codewords, untouched.codewords)
