@@ -11,12 +11,11 @@ STAMP  := $(VENV)/.installed
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# torch goes first and exactly pinned: any other spec downloads several GB of CUDA packages.
-$(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+# docker/install.sh is the one install recipe, shared with the Dockerfiles: torch goes first
+# and exactly pinned (any other spec downloads several GB of CUDA packages), then the project.
+$(STAMP): $(BIN)/python pyproject.toml docker/install.sh
+	PYTHON=$(PYTHON) sh docker/install.sh $(VENV) -e '.[dev,postgres]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -34,7 +33,7 @@ pytest: $(STAMP)
 test: lint typecheck pytest
 
 demo: $(STAMP)
-	@echo "demo arrives with the two-party issue"
+	$(BIN)/python examples/demo.py
 
 # Benchmarks write benchmarks/results/*.json; the report renders them into docs/PERFORMANCE.md.
 bench: $(STAMP)

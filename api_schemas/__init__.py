@@ -4,6 +4,7 @@ Imports nothing of ours: both parties (and any third-party client) can depend on
 The msgpack bodies of the training endpoints are described in docs/PROTOCOL.md instead.
 """
 
+from api_schemas.alignment import PsiInfo
 from api_schemas.problems import PROBLEM_CONTENT_TYPE, Problem, ProblemType
 from api_schemas.runs import (
     AlignmentIn,
@@ -28,6 +29,7 @@ __all__ = [
     "OptimizerSpec",
     "Problem",
     "ProblemType",
+    "PsiInfo",
     "QuantizerSpec",
     "ResumeIn",
     "RunCreate",

@@ -103,7 +103,9 @@ class RunList(BaseModel):
 
 class AlignmentIn(_Strict):
     hashed_ids: list[Hex] = Field(
-        min_length=1, description="HMAC-SHA256(alignment_key, id) of party A's ids, hex"
+        min_length=1,
+        description="HMAC-SHA256(alignment_key, id), hex, of the ids in the private set "
+        "intersection (GET/POST /v1/psi); party A sends no other id",
     )
 
 

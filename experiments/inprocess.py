@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from api_schemas import AlignmentOut, RunCreate, RunOut
+from api_schemas import AlignmentOut, PsiInfo, RunCreate, RunOut
 from party_a.errors import problem_from_body
 from party_b import auth
 from party_b.errors import ProblemError
@@ -49,6 +49,12 @@ class InProcessTransport:
         except ProblemError as exc:
             body = {"type": str(exc.type), "title": exc.title, "detail": exc.detail}
             raise problem_from_body(exc.status, {**body, **exc.extensions}) from None
+
+    def psi_info(self) -> PsiInfo:
+        return self._call(self.service.psi_info)
+
+    def psi(self, body: bytes) -> bytes:
+        return self._call(self.service.psi, body)
 
     def create_run(self, spec: RunCreate) -> RunOut:
         return self._call(self.service.create_run, spec)

@@ -1,9 +1,13 @@
 """``fedlite-a``: party A's command line (the feature holder).
 
+    fedlite-a align    --server URL --token T --features FILE --id-column id
+                                             private set intersection with party B (cached)
     fedlite-a train    --server URL --token T --features FILE --id-column id --config run.toml
     fedlite-a evaluate (same flags)          held-out metrics, computed at party B
     fedlite-a predict  (same flags) --ids a,b,c   scores for given ids (serving)
     fedlite-a ratio    --d 9216 --batch 20 --q 1152 --L 2   message sizes, no server needed
+    fedlite-a check    --server URL --token T   is party B reachable and the token valid?
+    fedlite-a demo-data --out FILE           party A's half of the bundled demo data
 
 The token may come from FEDLITE_A_TOKEN and the server from FEDLITE_A_SERVER instead of flags
 (keeps the secret out of the process list). Party A's state (checkpoints, step log) lives in
@@ -47,6 +51,77 @@ def _cmd_ratio(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"fedlite-a ratio: {exc}", file=sys.stderr)
         return 2
+    print(json.dumps(report))
+    return 0
+
+
+# ====================================================================== connection
+
+
+def _connection(args: argparse.Namespace) -> tuple[str, str]:
+    server = args.server or os.environ.get("FEDLITE_A_SERVER")
+    token = args.token or os.environ.get("FEDLITE_A_TOKEN")
+    if not server or not token:
+        raise FedliteError("need --server and --token (or FEDLITE_A_SERVER / FEDLITE_A_TOKEN)")
+    return server, token
+
+
+def _connection_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", help="party B's base URL (or FEDLITE_A_SERVER)")
+    parser.add_argument("--token", help="API token issued by party B (or FEDLITE_A_TOKEN)")
+    parser.add_argument(
+        "--ca-bundle",
+        type=Path,
+        default=os.environ.get("FEDLITE_A_CA_BUNDLE") or None,
+        help="CA certificates to trust for party B's TLS certificate (or FEDLITE_A_CA_BUNDLE)",
+    )
+    parser.add_argument(
+        "--retry-for", type=float, default=300.0, help="seconds to keep retrying party B"
+    )
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    """Exit 0 when party B answers and accepts the token (the image's health check)."""
+    from party_a.client import HttpTransport
+
+    server, token = _connection(args)
+    with HttpTransport(server, token, ca_bundle=args.ca_bundle, retry_for=args.retry_for) as t:
+        info = t.psi_info()  # authenticated: a revoked token fails here
+    print(json.dumps({"server": server, "ok": True, "party_b_ids": info.size}))
+    return 0
+
+
+# ====================================================================== align
+
+
+def _cmd_align(args: argparse.Namespace) -> int:
+    from party_a.alignment import private_intersection
+    from party_a.client import HttpTransport
+    from party_a.state import LocalStore
+    from shared.tables import read_id_table
+
+    server, token = _connection(args)
+    ids = read_id_table(args.features, id_column=args.id_column).ids
+    store = LocalStore.in_directory(args.state_dir)
+    transport = HttpTransport(server, token, ca_bundle=args.ca_bundle, retry_for=args.retry_for)
+    try:
+        result, cached = private_intersection(
+            ids, transport=transport, store=store, server=server.rstrip("/"), force=args.force
+        )
+    finally:
+        transport.close()
+        store.close()
+    if args.ids_out:
+        Path(args.ids_out).write_text("".join(f"{i}\n" for i in result.intersection))
+    report = {
+        "intersection": len(result.intersection),
+        "party_a_ids": result.own_size,
+        "party_b_ids": result.peer_size,
+        "party_a_version": result.own_version[:16],
+        "party_b_version": result.peer_version,
+        "cached": cached,
+        "seconds": round(result.seconds, 3),
+    }
     print(json.dumps(report))
     return 0
 
@@ -95,10 +170,7 @@ def _session(args: argparse.Namespace) -> Iterator[Any]:
     from party_a.state import LocalStore
     from party_a.trainer import PartyATrainer
 
-    server = args.server or os.environ.get("FEDLITE_A_SERVER")
-    token = args.token or os.environ.get("FEDLITE_A_TOKEN")
-    if not server or not token:
-        raise FedliteError("need --server and --token (or FEDLITE_A_SERVER / FEDLITE_A_TOKEN)")
+    server, token = _connection(args)
     config = load_config(args.config, _overrides(args))
     features = load_features(
         args.features,
@@ -159,6 +231,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         ("SplitFed would send", f"{summary.raw_bytes:,}"),
         ("compression", f"{summary.compression:.1f}x"),
         ("downlink bytes", f"{summary.bytes_received:,}"),
+        ("id alignment bytes", f"{summary.alignment_bytes:,}"),
         ("rollbacks", str(summary.rollbacks)),
         ("time", f"{summary.seconds:.1f} s"),
     ]
@@ -235,6 +308,23 @@ def _human(n: float) -> str:
 # ====================================================================== evaluate / predict
 
 
+def _overlap_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--overlap",
+        type=float,
+        default=1.0,
+        help="fraction of the ids both parties hold (give both parties the same value)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="which ids are not shared")
+
+
+def _cmd_demo_data(args: argparse.Namespace) -> int:
+    from shared.demo_data import write_party_a_demo
+
+    print(write_party_a_demo(args.out, overlap=args.overlap, seed=args.seed))
+    return 0
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     with _session(args) as trainer:
         trainer.prepare()
@@ -269,21 +359,20 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 # ====================================================================== parser
 
 
-def _session_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--server", help="party B's base URL (or FEDLITE_A_SERVER)")
-    parser.add_argument("--token", help="API token issued by party B (or FEDLITE_A_TOKEN)")
+def _data_flags(parser: argparse.ArgumentParser) -> None:
+    _connection_flags(parser)
     parser.add_argument(
         "--features", type=Path, required=True, help="feature table: CSV, Parquet, npz"
     )
     parser.add_argument("--id-column", default="id", help="sample-id column (default 'id')")
-    parser.add_argument("--config", type=Path, help="run config (TOML); flags override it")
     parser.add_argument(
         "--state-dir", type=Path, default=Path("fedlite-a-state"), help="party A's local state"
     )
-    parser.add_argument("--ca-bundle", type=Path, help="CA certificates to trust (TLS)")
-    parser.add_argument(
-        "--retry-for", type=float, default=300.0, help="seconds to keep retrying party B"
-    )
+
+
+def _session_flags(parser: argparse.ArgumentParser) -> None:
+    _data_flags(parser)
+    parser.add_argument("--config", type=Path, help="run config (TOML); flags override it")
     parser.add_argument("--name", help="run name (config [run] name)")
     parser.add_argument("--model", help="split model (config [run] model)")
     parser.add_argument("--steps", type=int)
@@ -311,6 +400,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log retries and recovery")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    align = sub.add_parser(
+        "align",
+        help="private set intersection of sample ids with party B (cached; train runs it too)",
+        description="Run an ECDH private set intersection with party B and cache the result "
+        "in --state-dir under the pair of dataset versions. Neither party learns the other's "
+        "ids outside the intersection. Prints one JSON object.",
+    )
+    _data_flags(align)
+    align.add_argument("--force", action="store_true", help="rerun even when cached")
+    align.add_argument("--ids-out", type=Path, help="also write the common ids, one a line")
+    align.set_defaults(func=_cmd_align)
+
+    check = sub.add_parser("check", help="is party B reachable, and does it accept the token?")
+    _connection_flags(check)
+    check.set_defaults(func=_cmd_check)
+
     train = sub.add_parser("train", help="train (or resume) a run with party B")
     _session_flags(train)
     train.add_argument("--no-evaluate", action="store_true", help="skip the held-out evaluation")
@@ -329,6 +434,13 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--ids-file", type=Path, help="one id per line")
     predict.add_argument("--out", type=Path, help="CSV to write (default stdout)")
     predict.set_defaults(func=_cmd_predict)
+
+    demo = sub.add_parser(
+        "demo-data", help="write party A's half of the bundled breast-cancer demo data (CSV)"
+    )
+    demo.add_argument("--out", type=Path, default=Path("party_a_features.csv"))
+    _overlap_flags(demo)
+    demo.set_defaults(func=_cmd_demo_data)
 
     ratio = sub.add_parser(
         "ratio",

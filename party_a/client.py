@@ -1,10 +1,11 @@
 """Party A's HTTP client for party B's API (httpx, keep-alive, retries with backoff).
 
 Retrying is safe for every call: steps are idempotent at party B (a resent step gets the
-identical stored answer), alignment is idempotent, and the rest are reads or state changes
-that check where the run is. Connection errors, timeouts and 5xx are retried with
-exponential backoff and jitter until ``retry_for`` seconds have passed -- long enough for
-party B to be restarted under a process supervisor. Anything problem+json becomes a typed
+identical stored answer), alignment is idempotent, a PSI request is simply answered again,
+and the rest are reads or state changes that check where the run is. Connection errors,
+timeouts and 5xx are retried with exponential backoff and jitter until ``retry_for``
+seconds have passed -- long enough for party B to be restarted under a process supervisor.
+Anything problem+json becomes a typed
 :class:`party_a.errors.ProblemResponse`.
 """
 
@@ -19,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from api_schemas import AlignmentIn, AlignmentOut, ResumeIn, RunCreate, RunOut
+from api_schemas import AlignmentIn, AlignmentOut, PsiInfo, ResumeIn, RunCreate, RunOut
 from api_schemas.problems import MSGPACK_CONTENT_TYPE, PROBLEM_CONTENT_TYPE
 from party_a.errors import ProtocolError, TransportError, problem_from_body
 
@@ -33,6 +34,8 @@ _RETRY_STATUS = {500, 502, 503, 504}
 class Transport(Protocol):
     """The calls party A's trainer makes; HTTP here, in-process in the experiment harness."""
 
+    def psi_info(self) -> PsiInfo: ...
+    def psi(self, body: bytes) -> bytes: ...
     def create_run(self, spec: RunCreate) -> RunOut: ...
     def get_run(self, run_id: str) -> RunOut: ...
     def align(self, run_id: str, hashed_ids: list[str]) -> AlignmentOut: ...
@@ -77,6 +80,9 @@ class HttpTransport:
 
     # ------------------------------------------------------------------ JSON endpoints
 
+    def psi_info(self) -> PsiInfo:
+        return self._json("GET", "/v1/psi", PsiInfo)
+
     def create_run(self, spec: RunCreate) -> RunOut:
         return self._json("POST", "/v1/runs", RunOut, body=spec)
 
@@ -100,6 +106,9 @@ class HttpTransport:
         return steps
 
     # ------------------------------------------------------------------ msgpack endpoints
+
+    def psi(self, body: bytes) -> bytes:
+        return self._msgpack("/v1/psi", body)
 
     def step(self, run_id: str, body: bytes) -> bytes:
         return self._msgpack(f"/v1/runs/{run_id}/steps", body)

@@ -1,4 +1,5 @@
-"""Party A's own persistent state (SQLite through SQLAlchemy): runs, checkpoints, step log.
+"""Party A's own persistent state (SQLite through SQLAlchemy): runs, checkpoints, step log,
+and private set intersections with party B cached per pair of dataset versions.
 
 A local run is found again by (server URL, run name), so ``fedlite-a train`` with the same
 config picks up where it stopped. Checkpoints hold the bottom model and optimizer after a
@@ -26,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-__all__ = ["LocalCheckpoint", "LocalRun", "LocalStep", "LocalStore"]
+__all__ = ["LocalCheckpoint", "LocalRun", "LocalStep", "LocalStore", "PsiResult"]
 
 
 def _now() -> datetime:
@@ -48,6 +49,8 @@ class LocalRun(Base):
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     alignment_key: Mapped[str] = mapped_column(String(64))
     aligned_ids: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    # JSON bodies of the alignment exchange, both directions (counted once per run)
+    alignment_bytes: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[str] = mapped_column(String(16), default="training")
     final_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
@@ -73,6 +76,24 @@ class LocalStep(Base):
     bytes_received: Mapped[int] = mapped_column(Integer)
     raw_bytes: Mapped[int] = mapped_column(Integer)  # what SplitFed would have sent
     step_ms: Mapped[float] = mapped_column(Float)
+
+
+class PsiResult(Base):
+    """One PSI with party B: the ids both hold, for one version of each side's id set."""
+
+    __tablename__ = "psi_results"
+    __table_args__ = (UniqueConstraint("server", "own_version", "peer_version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    server: Mapped[str] = mapped_column(String(500))
+    own_version: Mapped[str] = mapped_column(String(64))  # dataset_digest of party A's ids
+    peer_version: Mapped[str] = mapped_column(String(64))  # party B's dataset_version
+    own_size: Mapped[int] = mapped_column(Integer)
+    peer_size: Mapped[int] = mapped_column(Integer)
+    intersection: Mapped[list[str]] = mapped_column(JSON)  # party A's raw ids, sorted
+    wire_bytes: Mapped[int] = mapped_column(Integer)  # PSI request + reply bodies
+    seconds: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
 class LocalStore:
@@ -121,6 +142,32 @@ class LocalStore:
             s.execute(delete(LocalCheckpoint).where(LocalCheckpoint.run_id == run_id))
             s.execute(delete(LocalRun).where(LocalRun.id == run_id))
             s.commit()
+
+    # ------------------------------------------------------------------ PSI results
+
+    def find_psi(self, server: str, own_version: str, peer_version: str) -> PsiResult | None:
+        with self.session() as s:
+            return s.scalar(
+                select(PsiResult).where(
+                    PsiResult.server == server,
+                    PsiResult.own_version == own_version,
+                    PsiResult.peer_version == peer_version,
+                )
+            )
+
+    def save_psi(self, result: PsiResult) -> PsiResult:
+        """Store (or replace) the result for its (server, own_version, peer_version)."""
+        with self.session() as s:
+            s.execute(
+                delete(PsiResult).where(
+                    PsiResult.server == result.server,
+                    PsiResult.own_version == result.own_version,
+                    PsiResult.peer_version == result.peer_version,
+                )
+            )
+            s.add(result)
+            s.commit()
+            return result
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from api_schemas import RunOut
+from api_schemas import AlignmentIn, RunOut
+from party_a.alignment import private_intersection
 from party_a.bottom import BottomTrainer, PendingStep, StepResult
 from party_a.client import Transport
 from party_a.config import PartyAConfig
@@ -33,7 +34,7 @@ from party_a.errors import (
     StepOutOfOrder,
 )
 from party_a.features import FeatureTable
-from party_a.state import LocalRun, LocalStep, LocalStore
+from party_a.state import LocalRun, LocalStep, LocalStore, PsiResult
 from shared import codec
 from shared.accounting import raw_step_request_bytes
 from shared.alignment import hmac_ids, order_by_raw_id
@@ -57,6 +58,7 @@ class TrainSummary:
     bytes_received: int
     raw_bytes: int  # what SplitFed's raw float32 requests would have been
     seconds: float
+    alignment_bytes: int = 0  # the id exchange before training, both directions
     rollbacks: int = 0
     eval_metrics: dict[str, float] = field(default_factory=dict)
 
@@ -158,12 +160,36 @@ class PartyATrainer:
     def _fingerprint(self) -> dict[str, Any]:
         return self.config.model_dump(mode="json", by_alias=True)
 
+    def psi(self, *, force: bool = False) -> tuple[PsiResult, bool]:
+        """The private set intersection with party B (cached per pair of dataset versions)."""
+        return private_intersection(
+            self.features.ids,
+            transport=self.transport,
+            store=self.store,
+            server=self.server,
+            force=force,
+        )
+
     def _align(self, local: LocalRun) -> None:
+        """Align the run on the PSI intersection; party B sees HMACs of those ids only."""
         key = bytes.fromhex(local.alignment_key)
         keys = hmac_ids(key, self.features.ids)
         if local.aligned_ids is None:
-            answer = self.transport.align(local.remote_id, [k.hex() for k in keys])
+            psi, cached = self.psi()
+            offered = hmac_ids(key, psi.intersection)
+            if not offered:
+                raise ConfigError("party A and party B hold no sample id in common")
+            request = AlignmentIn(hashed_ids=[k.hex() for k in offered])
+            answer = self.transport.align(local.remote_id, request.hashed_ids)
+            # what travels is counted: the JSON bodies as HttpTransport sends and receives them,
+            # plus the PSI messages when this run's alignment is the one that ran the PSI
+            traffic = len(request.model_dump_json()) + len(answer.model_dump_json())
+            traffic += 0 if cached else psi.wire_bytes
+            self.store.update_run(local.id, alignment_bytes=traffic)
+            local.alignment_bytes = traffic
             common = {bytes.fromhex(h) for h in answer.intersection}
+            if not common <= set(offered):
+                raise ProtocolError("party B aligned the run on ids party A did not offer")
             aligned = order_by_raw_id(self.features.ids, keys, common)
             self.store.update_run(local.id, aligned_ids=b"".join(aligned))
             local.aligned_ids = b"".join(aligned)
@@ -198,6 +224,7 @@ class PartyATrainer:
             bytes_received=0,
             raw_bytes=0,
             seconds=0.0,
+            alignment_bytes=self.local.alignment_bytes,
         )
         started = time.perf_counter()
         self._reconcile(summary)
@@ -313,12 +340,24 @@ class PartyATrainer:
         return codec.decode_evaluate_response(self.transport.evaluate(self.run_id, body, split))
 
     def predict(self, ids: list[str]) -> codec.PredictResponse:
-        """Scores for ``ids`` (party A's raw ids; they travel hashed under the run key)."""
+        """Scores for ``ids`` (party A's raw ids; they travel hashed under the run key).
+
+        Every id must be in the private set intersection with party B (a new PSI runs when
+        party A's feature table changed).
+        """
         assert self.local is not None
         index = self.features.index()
         unknown = [i for i in ids if i not in index]
         if unknown:
             raise ConfigError(f"{len(unknown)} ids are not in the feature table: {unknown[:5]}")
+        # Only ids party B is known to hold travel, hashed under a key party B knows.
+        common = set(self.psi()[0].intersection)
+        outside = [i for i in ids if i not in common]
+        if outside:
+            raise ConfigError(
+                f"{len(outside)} ids are not in the private set intersection with party B: "
+                f"{outside[:5]}"
+            )
         keys = hmac_ids(bytes.fromhex(self.local.alignment_key), ids)
         chunks = self.bottom.activations(
             self.features.x[[index[i] for i in ids]],

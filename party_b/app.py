@@ -27,6 +27,7 @@ from api_schemas import (
     AlignmentOut,
     EvalResultOut,
     ProblemType,
+    PsiInfo,
     ResumeIn,
     RunCreate,
     RunList,
@@ -49,7 +50,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 _MSGPACK_TYPES = {MSGPACK_CONTENT_TYPE, "application/x-msgpack"}
-_MSGPACK_PATH = re.compile(r"^/v1/runs/[^/]+/(steps|evaluate|predict)$")
+_MSGPACK_PATH = re.compile(r"^(/v1/runs/[^/]+/(steps|evaluate|predict)|/v1/psi)$")
 _NO_BODY_PATH = re.compile(r"^/v1/runs/[^/]+/finish$")
 
 
@@ -321,6 +322,14 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     @app.get("/v1/runs/{run_id}", tags=["runs"])
     async def get_run(run_id: str, who: CallerDep) -> RunOut:
         return await in_thread(service.get_run, who, run_id)
+
+    @app.get("/v1/psi", tags=["alignment"])
+    async def psi_info(who: CallerDep) -> PsiInfo:
+        return await in_thread(service.psi_info, who)
+
+    @app.post("/v1/psi", tags=["alignment"], openapi_extra=msgpack_body)
+    async def psi(request: Request, who: CallerDep) -> Response:
+        return msgpack(await in_thread(service.psi, who, await request.body()))
 
     @app.post("/v1/runs/{run_id}/alignment", tags=["runs"])
     async def align(run_id: str, body: AlignmentIn, who: CallerDep) -> AlignmentOut:

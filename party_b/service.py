@@ -32,11 +32,19 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from torch import Tensor
 
-from api_schemas import AlignmentOut, EvalResultOut, RunCreate, RunOut, RunStatus, StepLogOut
+from api_schemas import (
+    AlignmentOut,
+    EvalResultOut,
+    PsiInfo,
+    RunCreate,
+    RunOut,
+    RunStatus,
+    StepLogOut,
+)
 from api_schemas.problems import ProblemType
 from api_schemas.runs import AlignmentInfo
 from party_b import store
-from party_b.alignment import Aligner, HmacAligner
+from party_b.alignment import Aligner, PsiAligner
 from party_b.errors import ProblemError
 from party_b.labels import LabelSource
 from party_b.metrics import Metrics
@@ -46,6 +54,14 @@ from shared import codec
 from shared.alignment import hmac_ids, order_by_raw_id
 from shared.models import MODEL_NAMES, top_kwargs
 from shared.models import task as model_task
+from shared.psi import (
+    PSI_PROTOCOL,
+    PsiError,
+    PsiTooLarge,
+    decode_psi_request,
+    encode_psi_reply,
+    new_server_key,
+)
 from shared.quantizer import GroupedProductQuantizer, PQCode, PQConfig
 from shared.schedule import batch_digest, batch_positions, split_train_eval, step_seed
 
@@ -112,7 +128,7 @@ class RunService:
         self._limits = limits
         self._metrics = metrics
         self._keep = checkpoints_kept
-        self._aligner = aligner or HmacAligner()
+        self._aligner = aligner or PsiAligner(labels.ids, self._psi_key)
         self._decode_limits = codec.DecodeLimits(
             max_batch=limits.max_batch,
             max_dim=limits.max_dim,
@@ -122,6 +138,7 @@ class RunService:
         self._live: dict[str, _RunState] = {}
         self._finished: OrderedDict[str, _RunState] = OrderedDict()
         self._registry_lock = threading.Lock()  # guards _live, _finished and _loading
+        self._create_lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}
 
     # ============================================================== start-up
@@ -153,7 +170,12 @@ class RunService:
     def create_run(self, caller: Caller, spec: RunCreate) -> RunOut:
         self._check_spec(spec)
         top = self._top_kwargs(spec)
-        with self._sessions() as session:
+        try:
+            self._new_trainer(spec)  # refuse now what could not be built at alignment
+        except ValueError as exc:
+            raise ProblemError.invalid(f"top model: {exc}") from None
+        # the quota check and the insert must not interleave with another create
+        with self._create_lock, self._sessions() as session:
             open_runs = session.scalar(
                 select(func.count())
                 .select_from(store.Run)
@@ -228,8 +250,44 @@ class RunService:
 
     # ============================================================== alignment
 
+    def psi_info(self, caller: Caller) -> PsiInfo:
+        """What party A needs before a PSI: party B's dataset version (to look up its cache)."""
+        return PsiInfo(
+            dataset_version=self._aligner.dataset_version(),
+            protocol=PSI_PROTOCOL,
+            size=len(self._labels.ids),
+            max_ids=self._limits.max_aligned_ids,
+        )
+
+    def psi(self, caller: Caller, body: bytes) -> bytes:
+        """One private set intersection request (shared.psi); returns the encoded PsiReply."""
+        try:
+            request = decode_psi_request(body)
+            reply, count = self._aligner.psi(request.request, max_ids=self._limits.max_aligned_ids)
+        except PsiTooLarge as exc:
+            raise ProblemError.limit(str(exc)) from None
+        except PsiError as exc:
+            raise ProblemError(
+                400, ProblemType.MALFORMED_MESSAGE, "Malformed message", str(exc)
+            ) from None
+        # Every PSI answers "which of these ids do you hold?": keep a record of who asked.
+        log.info("PSI request from %s: %d ids offered", caller.name, count)
+        data = encode_psi_reply(reply)
+        self._metrics.bytes_received.labels("psi").inc(len(body))
+        self._metrics.bytes_sent.labels("psi").inc(len(data))
+        return data
+
+    def _psi_key(self, ids_sha256: str) -> tuple[str, bytes]:
+        with self._sessions() as session:
+            row = store.psi_key(session, ids_sha256=ids_sha256, new_key=new_server_key)
+            return row.dataset_version, row.private_key
+
     def align(self, caller: Caller, run_id: str, hashed_hex: Sequence[str]) -> AlignmentOut:
-        """Intersect party A's hashed ids with party B's and start the run (idempotent)."""
+        """Align the run on the ids party A sends and start it (idempotent).
+
+        Party A sends HMAC(run key, id) of the ids in its private set intersection with party B
+        (``psi``), none other; party B keeps the ones it holds.
+        """
         if len(hashed_hex) > self._limits.max_aligned_ids:
             raise ProblemError.limit(
                 f"{len(hashed_hex)} ids, over the limit {self._limits.max_aligned_ids}"
@@ -613,23 +671,11 @@ class RunService:
                 raise ProblemError.limit(f"{name}={value} is over this server's limit {limit}")
 
     def _top_kwargs(self, spec: RunCreate) -> dict[str, Any]:
-        """The run's top kwargs with the label-derived ones filled in; validated by a build."""
-        allowed = top_kwargs(spec.model)
+        """The run's top kwargs with the ones party B derives from its labels filled in."""
         kwargs: dict[str, Any] = dict(spec.top)
         kwargs[_OUTPUT_KWARG[spec.model]] = self._labels.num_outputs
-        if "side_features" in allowed:
+        if "side_features" in top_kwargs(spec.model):
             kwargs["side_features"] = self._labels.side_width if spec.use_side_features else 0
-        try:
-            TopTrainer(
-                model=spec.model,
-                top_kwargs=kwargs,
-                cut_dim=spec.cut_dim,
-                optimizer=spec.optimizer.model_dump(),
-                task=self._labels.task,
-                seed=spec.seed,
-            )
-        except ValueError as exc:
-            raise ProblemError.invalid(f"top model: {exc}") from None
         return kwargs
 
     def _new_trainer(self, spec: RunCreate) -> TopTrainer:

@@ -1,4 +1,5 @@
-"""Party B's persistent state through SQLAlchemy 2.0: tokens, runs, step log, checkpoints.
+"""Party B's persistent state through SQLAlchemy 2.0: tokens, runs, step log, checkpoints,
+PSI keys.
 
 SQLite by default (WAL journal, busy timeout, foreign keys on); any SQLAlchemy URL works, and
 the types used here (JSON, LargeBinary) are portable to PostgreSQL. A checkpoint is one row
@@ -6,6 +7,8 @@ written in one transaction together with the pruning of older ones, so after a c
 either wholly there or not there.
 """
 
+import secrets
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,8 +24,11 @@ from sqlalchemy import (
     create_engine,
     delete,
     event,
+    func,
     select,
+    text,
 )
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 __all__ = [
@@ -30,10 +36,13 @@ __all__ = [
     "Base",
     "Checkpoint",
     "EvalResult",
+    "PsiKey",
     "Run",
     "StepLog",
+    "copy_database",
     "make_engine",
     "make_session_factory",
+    "psi_key",
 ]
 
 
@@ -125,6 +134,22 @@ class EvalResult(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
+class PsiKey(Base):
+    """Party B's secret PSI scalar for one id set, and the public name of that set.
+
+    Keeping the key keeps party B's blinded set (and so party A's cached intersections) valid
+    across restarts; a new label table gets a new row. It is as secret as the ids themselves:
+    with it and a PSI set-up, anyone can test guessed ids.
+    """
+
+    __tablename__ = "psi_keys"
+
+    ids_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)  # dataset_digest
+    dataset_version: Mapped[str] = mapped_column(String(32), unique=True)
+    private_key: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
 def make_engine(url: str) -> Engine:
     """An engine with SQLite made safe for concurrent threads and crashes (WAL, busy wait)."""
     if url.startswith("sqlite"):
@@ -211,3 +236,66 @@ def forget_after(session: Session, run_id: str, step: int) -> None:
     """Drop step-log rows and checkpoints past ``step``: that future was rolled back."""
     session.execute(delete(StepLog).where(StepLog.run_id == run_id, StepLog.step > step))
     session.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step > step))
+
+
+# --------------------------------------------------------------------------------- PSI keys
+
+
+def psi_key(session: Session, *, ids_sha256: str, new_key: Callable[[], bytes]) -> PsiKey:
+    """The PSI key row of an id set, created (and committed) on first use."""
+    row = session.get(PsiKey, ids_sha256)
+    if row is None:
+        row = PsiKey(
+            ids_sha256=ids_sha256, dataset_version=secrets.token_hex(8), private_key=new_key()
+        )
+        session.add(row)
+        try:
+            session.commit()
+        except IntegrityError:  # another process of party B made it first
+            session.rollback()
+            row = session.get(PsiKey, ids_sha256)
+            assert row is not None
+    return row
+
+
+# --------------------------------------------------------------------------------- migration
+
+
+def copy_database(source: Engine, target: Engine, *, batch: int = 200) -> dict[str, int]:
+    """Copy every table of party B's state from ``source`` to an empty ``target``.
+
+    For moving from SQLite to PostgreSQL (or back) with party B stopped. Rows stream in
+    batches (checkpoints can be large), all in one transaction on the target, so a failed
+    copy leaves the target empty. Returns the number of rows copied per table.
+    """
+    Base.metadata.create_all(target)
+    tables = Base.metadata.sorted_tables  # parents before children (foreign keys)
+    with target.connect() as check:
+        for table in tables:
+            if check.scalar(select(func.count()).select_from(table)):
+                raise ValueError(f"the target database is not empty (table {table.name})")
+    copied: dict[str, int] = {}
+    with source.connect() as src, target.begin() as dst:
+        for table in tables:
+            copied[table.name] = 0
+            result = src.execution_options(yield_per=batch).execute(select(table))
+            for rows in result.mappings().partitions(batch):
+                dst.execute(table.insert(), [dict(r) for r in rows])
+                copied[table.name] += len(rows)
+        if target.dialect.name == "postgresql":
+            # ids were copied verbatim; move each serial sequence past them
+            for table in tables:
+                for column in table.primary_key.columns:
+                    if column.autoincrement is True or (
+                        column.autoincrement == "auto"
+                        and isinstance(column.type, Integer)
+                        and len(table.primary_key.columns) == 1
+                    ):
+                        dst.execute(
+                            text(
+                                f"SELECT setval(pg_get_serial_sequence('{table.name}', "
+                                f"'{column.name}'), COALESCE(MAX({column.name}), 0) + 1, false) "
+                                f"FROM {table.name}"
+                            )
+                        )
+    return copied

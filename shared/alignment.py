@@ -1,8 +1,8 @@
 """The aligned key of a sample: HMAC-SHA256 under a per-run key, the same on both sides.
 
-Whatever protocol decides *which* ids both parties hold (today an HMAC exchange, later a
-private set intersection), both parties order the intersection by this key and compute batch
-digests over it, so raw ids never travel during training.
+A private set intersection (``shared.psi``) decides *which* ids both parties hold; party A
+then sends the HMACs of those ids, and no others, to align a run. Both parties compute batch
+digests over these keys, and order them by the raw ids they share, so raw ids never travel.
 """
 
 import hashlib

@@ -69,6 +69,7 @@ class PartyBProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
+        self.stop()  # never leave a half-started server behind
         raise RuntimeError(f"party B did not come up in {timeout} s:\n{self.log()}")
 
     def kill9(self) -> None:

@@ -1,0 +1,15 @@
+"""JSON body of party B's PSI endpoint (``GET /v1/psi``); the PSI messages are msgpack."""
+
+from pydantic import BaseModel, Field
+
+__all__ = ["PsiInfo"]
+
+
+class PsiInfo(BaseModel):
+    dataset_version: str = Field(
+        description="public name of party B's current id set; party A caches intersections "
+        "under it, and it changes when party B's label table changes"
+    )
+    protocol: str = Field(description="the PSI construction party B speaks (see docs)")
+    size: int = Field(description="ids party B holds (|Y|; the PSI set-up reveals it anyway)")
+    max_ids: int = Field(description="most ids one PSI request may hold")

@@ -1,0 +1,36 @@
+# Party B (label holder): the `fedlite-b serve` HTTP service.
+#   docker build -f docker/party_b.Dockerfile -t fedlite-b .      (from the repository root)
+# Volumes: /data (label table, read-only), /state (SQLite file, PSI key; back it up).
+# Config: FEDLITE_B_* environment variables (docker/env/party_b.env), see docs/DEPLOY.md.
+
+FROM python:3.11-slim-bookworm AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# The CPU-only torch wheel; docker/install.sh installs it first, exactly as `make install` does.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY docker/install.sh docker/install.sh
+COPY api_schemas api_schemas
+COPY shared shared
+COPY party_a party_a
+COPY party_b party_b
+RUN PYTHON=python3.11 TORCH_INDEX_URL="$TORCH_INDEX_URL" sh docker/install.sh /opt/venv '.[postgres]'
+
+FROM python:3.11-slim-bookworm
+RUN useradd --system --uid 10001 --user-group --no-create-home fedlite \
+    && mkdir -p /data /state \
+    && chown fedlite:fedlite /state
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    FEDLITE_B_HOST=0.0.0.0 \
+    FEDLITE_B_PORT=8000 \
+    FEDLITE_B_DATA_DIR=/state
+USER 10001:10001
+WORKDIR /state
+VOLUME ["/state"]
+EXPOSE 8000
+HEALTHCHECK --interval=30s --timeout=10s --start-period=120s --retries=3 \
+    CMD ["fedlite-b", "health"]
+ENTRYPOINT ["fedlite-b"]
+CMD ["serve"]
