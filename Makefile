@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo bench clean
+.PHONY: install test lint typecheck pytest demo bench loadtest clean
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
@@ -35,8 +35,19 @@ test: lint typecheck pytest
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
+# Benchmarks write benchmarks/results/*.json; the report renders them into docs/PERFORMANCE.md.
 bench: $(STAMP)
-	$(BIN)/python benchmarks/quantizer.py
+	$(BIN)/python -m benchmarks.codec
+	$(BIN)/python -m benchmarks.quantizer --threads 1 --out benchmarks/results/quantizer-1thread.json
+	$(BIN)/python -m benchmarks.quantizer
+	$(BIN)/python -m benchmarks.step
+	$(BIN)/python -m benchmarks.throughput
+	$(BIN)/python -m benchmarks.memory
+	$(BIN)/python -m benchmarks.report
+
+# Locust, headless, against a party B started on 127.0.0.1 (exit code 1 = SLO missed).
+loadtest: $(STAMP)
+	$(BIN)/python -m loadtests.run --users 4 --run-time 60s --max-fail-ratio 0 --max-p99-ms 2000
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -7,7 +7,7 @@ in worker threads so the event loop keeps serving other runs, health checks and 
 
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from time import perf_counter
@@ -145,6 +145,41 @@ class GuardMiddleware:
         )
 
 
+class MetricsMiddleware:
+    """Request count and latency per route and status, as a pure ASGI middleware.
+
+    Starlette's ``@app.middleware("http")`` (BaseHTTPMiddleware) runs the rest of the app in
+    a separate task and streams the response through a memory channel; for a 737 KB gradient
+    reply that is measurable per request. This one only watches the ``http.response.start``
+    message go by.
+    """
+
+    def __init__(self, app: ASGIApp, *, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = perf_counter()
+        status = 500  # what the client sees if the app raises before answering
+
+        async def send_and_watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_watch)
+        finally:
+            # the router stores the matched route in the (shared) scope
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.requests.labels(route, str(status)).inc()
+            self.metrics.latency.labels(route).observe(perf_counter() - start)
+
+
 def _load_labels(settings: Settings) -> LabelSource:
     assert settings.labels is not None
     return load_label_table(
@@ -233,18 +268,8 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
             500, ProblemType.INTERNAL, "Internal error", "party B hit a bug; see its log"
         )
 
-    # ------------------------------------------------------------------ metrics per route
-
-    @app.middleware("http")
-    async def _observe(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        start = perf_counter()
-        response = await call_next(request)
-        route = getattr(request.scope.get("route"), "path", "unmatched")
-        metrics.requests.labels(route, str(response.status_code)).inc()
-        metrics.latency.labels(route).observe(perf_counter() - start)
-        return response
+    # Outermost, so that it also counts what GuardMiddleware refuses (route "unmatched").
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
 
     # ------------------------------------------------------------------ auth
 

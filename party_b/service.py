@@ -588,13 +588,20 @@ class RunService:
         """The in-memory state of an aligned run the caller owns (loaded on first use)."""
         with self._registry_lock:
             state = self._live.get(run_id) or self._finished.get(run_id)
-            loading = self._loading.setdefault(run_id, threading.Lock())
-        if state is None:
+            # A loading lock exists only while a run is being loaded: one per run id ever
+            # asked for (unknown ones included) would grow without bound.
+            loading = self._loading.setdefault(run_id, threading.Lock()) if state is None else None
+        if loading is not None:
             with loading:  # one thread loads; the others wait and reuse its result
                 with self._registry_lock:
                     state = self._live.get(run_id) or self._finished.get(run_id)
                 if state is None:
-                    state = self._load(caller, run_id)
+                    try:
+                        state = self._load(caller, run_id)
+                    finally:
+                        with self._registry_lock:
+                            self._loading.pop(run_id, None)
+        assert state is not None
         # Another token's run is indistinguishable from a missing one.
         if state.owner_id != caller.token_id:
             raise ProblemError.not_found(f"no run {run_id!r}")
@@ -643,7 +650,6 @@ class RunService:
             )
             finished = state.finished
         with self._registry_lock:
-            self._loading.pop(run_id, None)
             if finished:
                 self._finished[run_id] = state
                 while len(self._finished) > _FINISHED_CACHE:

@@ -33,6 +33,7 @@ class PQConfig:
     iterations: int = 10  # Lloyd iteration budget per batch (early stop when settled)
     init: InitMethod = "kmeans++"  # centroid seeding
     max_points_per_centroid: int | None = None  # train on a subsample (faiss uses 256)
+    threads: int | None = 1  # torch threads while clustering (None: the process's setting)
 
     def validate(self, d: int) -> None:
         """Raise ValueError with a precise message if this config cannot quantize width d."""
@@ -52,6 +53,8 @@ class PQConfig:
             )
         if self.iterations < 0:
             raise ValueError(f"iterations must be >= 0, got {self.iterations}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
         if self.max_points_per_centroid is not None and self.max_points_per_centroid < 1:
             raise ValueError(
                 f"max_points_per_centroid must be >= 1 or None, got {self.max_points_per_centroid}"
@@ -119,6 +122,7 @@ class GroupedProductQuantizer:
             init=cfg.init,
             max_points_per_centroid=cfg.max_points_per_centroid,
             initial_centroids=initial_codebook,
+            threads=cfg.threads,
         )
         # assignments (r, b*q/r) -> (b, r, q/r) -> (b, q), position-major within each row
         codewords = (

@@ -1,10 +1,12 @@
 """The grouped product quantizer against numpy and faiss oracles and the paper's trends."""
 
+import threading
+
 import numpy as np
 import pytest
 import torch
 
-from shared.kmeans import batched_kmeans
+from shared.kmeans import assign, batched_kmeans, intra_op_threads
 from shared.quantizer import GroupedProductQuantizer, PQCode, PQConfig, relative_error
 from tests.utils.activations import femnist_activations
 from tests.utils.reference_kmeans import lloyd
@@ -133,6 +135,69 @@ def test_error_is_close_to_faiss_kmeans_on_the_same_data() -> None:
         assert ours <= min(theirs) * 1.03 + 1e-9, (q, num_centroids, ours, min(theirs))
 
 
+@pytest.mark.parametrize(
+    ("groups", "n", "s", "num_centroids"),
+    [
+        (1, 500, 8, 2),  # L = 2: one comparison
+        (1, 300, 4, 3),  # few centroids, one group
+        (3, 200, 2, 8),  # few centroids, several groups
+        (5, 90, 2, 4),
+        (1, 400, 8, 9),  # many centroids: blocked scores, numpy argmin
+        (2, 700, 8, 64),
+    ],
+)
+def test_assign_is_the_nearest_centroid_on_every_code_path(
+    groups: int, n: int, s: int, num_centroids: int
+) -> None:
+    """L=2, L<=8 (one group and many) and blocked L>8 each take their own code path."""
+    g = torch.Generator().manual_seed(groups * 1000 + num_centroids)
+    points = torch.randn(groups, n, s, generator=g)
+    centroids = torch.randn(groups, num_centroids, s, generator=g)
+
+    labels = assign(points, centroids).numpy()
+
+    p64, c64 = points.double().numpy(), centroids.double().numpy()
+    d2 = ((p64[:, :, None, :] - c64[:, None, :, :]) ** 2).sum(-1)  # (g, n, l)
+    chosen = np.take_along_axis(d2, labels[..., None], axis=-1)[..., 0]
+    np.testing.assert_allclose(chosen, d2.min(-1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_centroids", [2, 4, 16])
+def test_ties_go_to_the_lowest_index_on_every_code_path(num_centroids: int) -> None:
+    """Duplicate centroids: every point goes to the first copy, never to a later one."""
+    base = torch.tensor([[0.0, 0.0], [5.0, 5.0]])
+    centroids = base[torch.arange(num_centroids) % 2].unsqueeze(0)  # copies at i and i + 2k
+    points = torch.cat([base, base + 0.1, base - 0.1]).unsqueeze(0)
+
+    labels = assign(points, centroids)
+
+    assert labels.tolist() == [[0, 1, 0, 1, 0, 1]]
+
+
+@pytest.mark.parametrize(("q", "r", "num_centroids"), [(1152, 1, 2), (1152, 8, 4), (48, 1, 64)])
+def test_same_seed_gives_identical_output_on_every_code_path(
+    q: int, r: int, num_centroids: int
+) -> None:
+    z = femnist_activations(batch=4)
+    quantizer = GroupedProductQuantizer(9216, PQConfig(q=q, R=r, L=num_centroids))
+
+    first, second = quantizer.encode(z, seed=11), quantizer.encode(z.clone(), seed=11)
+
+    assert torch.equal(first.codebook, second.codebook)
+    assert torch.equal(first.codewords, second.codewords)
+
+
+def test_kmeanspp_with_more_centroids_than_points_repeats_points() -> None:
+    points = torch.tensor([[[0.0], [1.0], [2.0]]])
+
+    result = batched_kmeans(points, 5, iterations=3, seed=0)
+
+    assert sorted(set(result.centroids.flatten().tolist())) == [0.0, 1.0, 2.0]
+    torch.testing.assert_close(
+        result.centroids[0, result.assignments[0]], points[0], rtol=0.0, atol=0.0
+    )
+
+
 # ----------------------------------------------------------------------------- trends (Fig. 2)
 
 
@@ -244,3 +309,59 @@ def test_bad_batches_are_refused() -> None:
         quantizer.encode(torch.full((3, 8), float("nan")), seed=0)
     with pytest.raises(ValueError, match="empty"):
         quantizer.encode(torch.zeros(0, 8), seed=0)
+
+
+def test_clustering_runs_on_one_thread_and_restores_the_callers_setting() -> None:
+    before = torch.get_num_threads()
+
+    with intra_op_threads(1):
+        inside = torch.get_num_threads()
+        with intra_op_threads(1):
+            pass
+        still_inside = torch.get_num_threads()
+    GroupedProductQuantizer(9216, PQConfig(q=1152, L=2)).encode(femnist_activations(2), seed=0)
+
+    assert (inside, still_inside) == (1, 1)
+    assert torch.get_num_threads() == before
+
+
+def test_concurrent_callers_each_cluster_on_the_thread_count_asked_for() -> None:
+    """torch keeps the setting per OS thread: a second thread entering while the first is
+    inside must set it for itself, and each restores its own."""
+    first_inside, second_entered, first_done = (threading.Event() for _ in range(3))
+    seen: dict[str, int] = {}
+
+    def first() -> None:
+        with intra_op_threads(1):
+            seen["first"] = torch.get_num_threads()
+            first_inside.set()
+            second_entered.wait(10)
+        first_done.set()
+
+    def second() -> None:
+        torch.set_num_threads(2)
+        first_inside.wait(10)
+        with intra_op_threads(1):
+            seen["second"] = torch.get_num_threads()
+            second_entered.set()
+            first_done.wait(10)
+        seen["second_after"] = torch.get_num_threads()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+
+    assert seen == {"first": 1, "second": 1, "second_after": 2}
+
+
+def test_threads_none_leaves_the_process_setting_alone() -> None:
+    before = torch.get_num_threads()
+    z = femnist_activations(batch=2)
+
+    one = GroupedProductQuantizer(9216, PQConfig(q=1152, L=2)).encode(z, seed=5)
+    untouched = GroupedProductQuantizer(9216, PQConfig(q=1152, L=2, threads=None)).encode(z, seed=5)
+
+    assert torch.get_num_threads() == before
+    assert torch.equal(one.codewords, untouched.codewords)

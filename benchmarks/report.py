@@ -1,0 +1,209 @@
+"""Render benchmarks/results/*.json into the generated section of docs/PERFORMANCE.md.
+
+    python -m benchmarks.report            # rewrites the section between the markers
+
+Only the part between ``<!-- BEGIN GENERATED -->`` and ``<!-- END GENERATED -->`` changes;
+the prose around it is written by hand.
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import RESULTS
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md"
+BEGIN, END = "<!-- BEGIN GENERATED -->", "<!-- END GENERATED -->"
+
+
+def _load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _ms(x: float | None) -> str:
+    if x is None:
+        return "–"
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def _load_note(doc: dict[str, Any]) -> str:
+    before = doc.get("loadavg_before", [0])[0]
+    after = doc.get("loadavg_after", [0])[0]
+    return (
+        f"{doc['when']}, load average {before:.1f} → {after:.1f} on {doc['machine']['cpus']} "
+        f"CPUs, torch threads {doc['machine']['torch_threads']}"
+    )
+
+
+def quantizer_table(doc: dict[str, Any]) -> list[str]:
+    methods = ["ours", "ours_sub256", "faiss", "faiss_all", "sklearn"]
+    lines = [
+        f"*{_load_note(doc)}; `{doc['command']}`*",
+        "",
+        "| shape | " + " | ".join(f"{m} ms (error)" for m in methods) + " | ours / fastest rival |",
+        "|---|" + "---|" * (len(methods) + 1),
+    ]
+    for row in doc["rows"]:
+        cells = []
+        for m in methods:
+            r = row.get(m)
+            cells.append("–" if not r else f"{_ms(r['median_ms'])} ({r['rel_error']:.4f})")
+        ratio = row.get("ratio_to_fastest_rival")
+        lines.append(f"| {row['tag']} | " + " | ".join(cells) + f" | {ratio:.2f} |")
+    bottom = doc["femnist_bottom_step"]["median_ms"]
+    lines += ["", f"FEMNIST bottom forward + backward + SGD (B=20), same run: {_ms(bottom)} ms."]
+    return lines
+
+
+def codec_table(doc: dict[str, Any]) -> list[str]:
+    lines = [
+        f"*{_load_note(doc)}*",
+        "",
+        "| shape | FedLite request B | enc/dec µs | SplitFed request B | enc/dec µs "
+        "| gradient response B | enc/dec µs | compression |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in doc["rows"]:
+        cells = []
+        for key in ("step_request_fedlite", "step_request_splitfed", "step_response"):
+            r = row[key]
+            cells += [f"{r['bytes']:,}", f"{r['encode_us']:.0f} / {r['decode_us']:.0f}"]
+        lines.append(f"| {row['tag']} | " + " | ".join(cells) + f" | {row['compression']:.0f}× |")
+    return lines
+
+
+def step_table(doc: dict[str, Any]) -> list[str]:
+    sessions = doc["sessions"]
+    names = ["fedlite/inprocess", "fedlite/http", "splitfed/inprocess", "splitfed/http"]
+    parts = list(sessions[names[0]]["party_a"])
+    lines = [
+        f"*{_load_note(doc)}; medians over {doc['steps']} steps per session*",
+        "",
+        "| part (ms) | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for part in parts:
+        values = [_ms(sessions[n]["party_a"][part]["median_ms"]) for n in names]
+        lines.append(f"| A: {part} | " + " | ".join(values) + " |")
+    for part in sessions[names[0]]["party_b"]:
+        values = [_ms(sessions[n]["party_b"][part]) for n in names]
+        lines.append(f"| B: {part} | " + " | ".join(values) + " |")
+    for part in sessions[names[0]]["codec"]:
+        values = [_ms(sessions[n]["codec"][part]) for n in names]
+        lines.append(f"| codec: {part} | " + " | ".join(values) + " |")
+    lines += ["", "| overhead of HTTP + codec | FedLite | SplitFed |", "|---|---|---|"]
+    derived = {mode: step_overheads(sessions, mode) for mode in ("fedlite", "splitfed")}
+    for key, label in (
+        ("by_round_trips", "HTTP round trip − in-process round trip, + codec"),
+        ("by_server_time", "HTTP round trip − party B's own step time (its log), + codec"),
+    ):
+        cells = [
+            f"{_ms(derived[m][key + '_ms'])} ms = {100 * derived[m][key]:.1f} % of the step"
+            for m in derived
+        ]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def step_overheads(sessions: dict[str, Any], mode: str) -> dict[str, float]:
+    """The target's two readings of 'HTTP + codec overhead', as shares of the HTTP step."""
+    http, local = sessions[f"{mode}/http"], sessions[f"{mode}/inprocess"]
+    total = http["party_a"]["total"]["median_ms"]
+    codec_ms = sum(http["codec"].values())
+    round_trip = http["party_a"]["round_trip"]["median_ms"]
+    by_round_trips = round_trip - local["party_a"]["round_trip"]["median_ms"] + codec_ms
+    by_server = round_trip - http["party_b"]["service_total_ms"] + codec_ms
+    return {
+        "by_round_trips_ms": by_round_trips,
+        "by_round_trips": by_round_trips / total,
+        "by_server_time_ms": by_server,
+        "by_server_time": by_server / total,
+    }
+
+
+def throughput_table(doc: dict[str, Any]) -> list[str]:
+    lines = [
+        f"*{_load_note(doc)}; scenario {doc['scenario']}; party B torch threads "
+        f"{doc.get('party_b_torch_threads') or 'default'}*",
+        "",
+        "| concurrent runs | HTTP steps/s | p50 ms | p99 ms | failures | in-process steps/s "
+        "| p50 ms | p99 ms | HTTP / in-process |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in doc["rows"]:
+        h, i = row["http"], row["in_process"]
+        lines.append(
+            f"| {row['users']} | {_ms(h['steps_per_s'])} | {_ms(h['p50_ms'])} | "
+            f"{_ms(h['p99_ms'])} | {h['failures']} | {_ms(i['steps_per_s'])} | "
+            f"{_ms(i['p50_ms'])} | {_ms(i['p99_ms'])} | {row['http_ratio']:.2f} |"
+        )
+    return lines
+
+
+def memory_tables(doc: dict[str, Any]) -> list[str]:
+    a, b = doc["party_a"], doc["party_b"]
+    mib = 1 / 2**20
+    lines = [
+        f"*{_load_note(doc)}*",
+        "",
+        "| party A (FEMNIST, B=20, FedLite) | MiB |",
+        "|---|---|",
+        f"| idle process with torch imported (peak RSS) | {a['idle_torch_kib'] / 1024:.1f} |",
+        f"| bare torch: the same bottom steps and quantizer, nothing else (peak RSS) | "
+        f"{a.get('bare_torch_steps_kib', 0) / 1024:.1f} |",
+        f"| party A after its imports (peak RSS) | {a['after_imports_kib'] / 1024:.1f} |",
+        f"| party A peak RSS over {a['steps']} training steps | {a['peak_kib'] / 1024:.1f} |",
+        f"| **peak above idle torch** | **{a['peak_above_idle_torch_bytes'] * mib:.1f}** |",
+        f"| peak above party A's own imports | {a['peak_above_own_imports_bytes'] * mib:.1f} |",
+    ]
+    for item, nbytes in a["needed_bytes"].items():
+        lines.append(f"| needed: {item.replace('_', ' ')} | {nbytes * mib:.2f} |")
+    lines += [
+        f"| **needed, total** | **{a['needed_total_bytes'] * mib:.1f}** |",
+        "",
+        "| party B | RSS MiB |",
+        "|---|---|",
+    ]
+    for r in b["rss_by_steps"]:
+        lines.append(f"| after {r['steps']} steps of one run | {r['rss_kib'] / 1024:.1f} |")
+    for r in b["rss_by_finished_runs"]:
+        lines.append(f"| after {r['finished_runs']} finished runs | {r['rss_kib'] / 1024:.1f} |")
+    return lines
+
+
+def render() -> str:
+    out: list[str] = []
+    sections = [
+        ("Quantizer, all libraries on one thread", "quantizer-1thread", quantizer_table),
+        ("Quantizer, default threads", "quantizer", quantizer_table),
+        ("Codec", "codec", codec_table),
+        ("One training step at the FEMNIST shape", "step", step_table),
+        ("Party B throughput under locust", "throughput-femnist-fedlite", throughput_table),
+        (
+            "Party B throughput under locust, party B on one torch thread",
+            "throughput-femnist-fedlite-1thread",
+            throughput_table,
+        ),
+        ("Memory", "memory", memory_tables),
+    ]
+    for title, name, table in sections:
+        doc = _load(name)
+        out += [f"### {title}", ""]
+        if doc is None:
+            out = out[:-2]  # optional sections are left out until their file exists
+            continue
+        out += table(doc)
+        out.append("")
+    return "\n".join(out)
+
+
+def main() -> None:
+    text = DOC.read_text()
+    start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
+    DOC.write_text(text[:start] + "\n\n" + render() + "\n" + text[stop:])
+    print(f"updated {DOC}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""Run the load test headless against a party B this script starts on 127.0.0.1.
+
+    python -m loadtests.run                                   # 4 users, 30 s, all scenarios
+    python -m loadtests.run --scenarios femnist-fedlite --users 16 --run-time 60s \\
+        --max-fail-ratio 0 --max-p99-ms 1500 --out benchmarks/results/locust-16.json
+
+It writes a label table of 20,000 ids (``loadtests.scenarios.write_label_table``) into a
+temporary directory, starts ``fedlite-b serve`` on a free port with it (and the glibc malloc
+settings of docs/PERFORMANCE.md, unless ``--no-malloc-tuning``), runs locust headless with
+``loadtests/locustfile.py``, stops party B and exits with locust's exit code, which the SLO
+gate sets to 1 when the failure ratio or the step p99 exceed the thresholds. ``--host URL``
+skips starting party B and targets a running one (then ``--labels-csv`` must be its table).
+
+Besides locust's own figures it reads party B's ``fedlite_b_steps`` counter from
+``/metrics`` after ``--warmup`` seconds and at the end of the run, so the reported steps/s
+is party B's own count over a window that excludes run creation and alignment.
+"""
+
+import argparse
+import csv
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loadtests.scenarios import DEFAULT_IDS, SCENARIOS, write_label_table
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
+TOKEN = "loadtest-token-0123456789"
+# glibc returns freed buffers above 128 KiB to the OS and faults them back in on the next
+# request (~2.4 us per 4 KiB page here); a 737 KB gradient per step pays that every time.
+MALLOC_TUNING = {"MALLOC_MMAP_THRESHOLD_": "67108864", "MALLOC_TRIM_THRESHOLD_": "268435456"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def party_b(
+    data_dir: Path, labels: Path, *, malloc_tuning: bool = True, torch_threads: int | None = None
+) -> Iterator[str]:
+    """``fedlite-b serve`` on a free 127.0.0.1 port; yields its URL, SIGTERMs it at the end."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "party_b.cli", "serve",
+        "--port", str(port),
+        "--data-dir", str(data_dir),
+        "--labels", str(labels),
+        "--tokens", f"loadtest:{TOKEN}",
+        "--log-level", "warning",
+    ]  # fmt: skip
+    if torch_threads:
+        cmd += ["--torch-threads", str(torch_threads)]
+    env = {**os.environ, **(MALLOC_TUNING if malloc_tuning else {})}
+    log = (data_dir / "party_b.log").open("wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"party B exited: {(data_dir / 'party_b.log').read_text()}")
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("party B did not come up in 60 s")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def applied_steps(url: str) -> float:
+    """Party B's count of applied steps, from its Prometheus text."""
+    text = httpx.get(f"{url}/metrics", timeout=10.0).text
+    match = re.search(r'^fedlite_b_steps_total\{outcome="applied"\} (\S+)$', text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def locust_stats(prefix: Path) -> dict[str, Any]:
+    """Per-request-name figures from locust's ``<prefix>_stats.csv``."""
+    rows: dict[str, Any] = {}
+    with Path(f"{prefix}_stats.csv").open(newline="") as f:
+        for row in csv.DictReader(f):
+            rows[row["Name"]] = {
+                "requests": int(row["Request Count"]),
+                "failures": int(row["Failure Count"]),
+                "rps": float(row["Requests/s"]),
+                "p50_ms": float(row["50%"]),
+                "p99_ms": float(row["99%"]),
+                "mean_ms": float(row["Average Response Time"]),
+                "mean_bytes": float(row["Average Content Size"]),
+            }
+    return rows
+
+
+def seconds(duration: str) -> float:
+    """'30s', '2m', '90' -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    if duration[-1] in units:
+        return float(duration[:-1]) * units[duration[-1]]
+    return float(duration)
+
+
+def run(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    """Start party B (unless --host), run locust, return (exit code, summary)."""
+    classes = {name: cls for name, cls in _class_names().items() if name in args.scenarios}
+    with tempfile.TemporaryDirectory(prefix="fedlite-load-") as tmp:
+        work = Path(tmp)
+        labels = args.labels_csv or write_label_table(work / "labels.csv", n=args.ids)
+        prefix = work / "locust"
+        if args.host:
+            return _locust(args, args.host, labels, prefix, classes)
+        with party_b(
+            work / "party_b",
+            labels,
+            malloc_tuning=not args.no_malloc_tuning,
+            torch_threads=args.torch_threads,
+        ) as url:
+            return _locust(args, url, labels, prefix, classes)
+
+
+def _class_names() -> dict[str, str]:
+    return {
+        "femnist-fedlite": "FemnistFedLite",
+        "femnist-splitfed": "FemnistSplitFed",
+        "nwp-fedlite": "NwpFedLite",
+    }
+
+
+def _locust(
+    args: argparse.Namespace, url: str, labels: Path, prefix: Path, classes: dict[str, str]
+) -> tuple[int, dict[str, Any]]:
+    cmd = [
+        sys.executable, "-m", "locust",
+        "-f", str(LOCUSTFILE),
+        "--headless", "--only-summary",
+        "--host", url,
+        "--users", str(args.users),
+        "--spawn-rate", str(args.users),
+        "--run-time", args.run_time,
+        "--stop-timeout", "30",
+        "--csv", str(prefix),
+        "--labels-csv", str(labels),
+        "--token", TOKEN,
+        "--max-fail-ratio", str(args.max_fail_ratio),
+        "--max-p99-ms", str(args.max_p99_ms),
+        "--loglevel", "WARNING",
+        *classes.values(),
+    ]  # fmt: skip
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    window: dict[str, float] = {}
+    total = seconds(args.run_time)
+    warmup = min(args.warmup, total / 3)
+    end_at = started + total - 1.0
+    time.sleep(warmup)
+    if proc.poll() is None:
+        window = {"t0": time.monotonic(), "steps0": applied_steps(url)}
+        time.sleep(max(0.0, end_at - time.monotonic()))
+        if proc.poll() is None:
+            window.update(t1=time.monotonic(), steps1=applied_steps(url))
+    code = proc.wait()
+    summary: dict[str, Any] = {
+        "users": args.users,
+        "scenarios": list(classes),
+        "run_time_s": total,
+        "exit_code": code,
+        "thresholds": {"max_fail_ratio": args.max_fail_ratio, "max_p99_ms": args.max_p99_ms},
+    }
+    if "t1" in window:
+        summary["server_window_s"] = window["t1"] - window["t0"]
+        summary["server_steps_per_s"] = (window["steps1"] - window["steps0"]) / (
+            window["t1"] - window["t0"]
+        )
+    if Path(f"{prefix}_stats.csv").exists():
+        summary["locust"] = locust_stats(prefix)
+    return code, summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.run", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        type=lambda s: [x for x in s.split(",") if x],
+        help=f"comma-separated, from {', '.join(SCENARIOS)} (default: all)",
+    )
+    parser.add_argument("--users", type=int, default=4, help="concurrent runs")
+    parser.add_argument("--run-time", default="30s")
+    parser.add_argument("--warmup", type=float, default=8.0, help="s before the server window")
+    parser.add_argument("--max-fail-ratio", type=float, default=0.0)
+    parser.add_argument("--max-p99-ms", type=float, default=2000.0)
+    parser.add_argument(
+        "--ids", type=int, default=DEFAULT_IDS, help="ids in the generated label table"
+    )
+    parser.add_argument("--host", help="target a running party B instead of starting one")
+    parser.add_argument("--labels-csv", type=Path, help="the running party B's label table")
+    parser.add_argument("--no-malloc-tuning", action="store_true")
+    parser.add_argument("--torch-threads", type=int, help="party B's torch threads")
+    parser.add_argument("--out", type=Path, help="write the summary as JSON here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    unknown = set(args.scenarios) - set(SCENARIOS)
+    if unknown:
+        print(f"unknown scenarios {sorted(unknown)}; known: {list(SCENARIOS)}", file=sys.stderr)
+        return 2
+    # every step's batch must fit in the training split (80 % of the ids)
+    needed = max(SCENARIOS[name].batch for name in args.scenarios) * 5 // 4 + 1
+    if not args.labels_csv and args.ids < needed:
+        print(f"--ids {args.ids} is too few for a batch of these scenarios: need {needed}")
+        return 2
+    if args.host and not args.labels_csv:
+        print("--host needs --labels-csv (the running party B's label table)", file=sys.stderr)
+        return 2
+    code, summary = run(args)
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
