@@ -8,6 +8,8 @@ from api_schemas.problems import PROBLEM_CONTENT_TYPE, Problem, ProblemType
 from api_schemas.runs import (
     AlignmentIn,
     AlignmentOut,
+    BatchScheduleSpec,
+    ClientSchedule,
     EvalResultOut,
     OptimizerSpec,
     QuantizerSpec,
@@ -16,6 +18,7 @@ from api_schemas.runs import (
     RunList,
     RunOut,
     RunStatus,
+    ShuffleSchedule,
     StepLogOut,
     StepLogPage,
 )
@@ -24,6 +27,8 @@ __all__ = [
     "PROBLEM_CONTENT_TYPE",
     "AlignmentIn",
     "AlignmentOut",
+    "BatchScheduleSpec",
+    "ClientSchedule",
     "EvalResultOut",
     "OptimizerSpec",
     "Problem",
@@ -34,6 +39,7 @@ __all__ = [
     "RunList",
     "RunOut",
     "RunStatus",
+    "ShuffleSchedule",
     "StepLogOut",
     "StepLogPage",
 ]
