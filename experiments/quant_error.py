@@ -41,6 +41,8 @@ SETTINGS: list[tuple[str, int, int, list[int]]] = [
     ("k-means (q=1)", 1, 1, [2, 4, 8, 16]),
     *[(f"vanilla PQ (R=q={q})", q, q, [2, 4, 8, 16]) for q in (288, 1152, 4608)],
     *[(f"grouped PQ (q=4608, R={r})", 4608, r, [2, 4, 8, 16, 32]) for r in (2304, 1152, 384, 1)],
+    # the R = 1 quantizers the training sweep uses (its q grid)
+    *[(f"grouped PQ (q={q}, R=1)", q, 1, [2, 4, 8, 16, 32]) for q in (1152, 288)],
 ]
 
 
@@ -112,17 +114,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.quant_error")
     parser.add_argument("--clients", type=int, default=10, help="writers' batches to average over")
     parser.add_argument("--out", type=Path, default=RESULTS / "quant_error" / "quant_error.json")
+    parser.add_argument(
+        "--no-activations", action="store_true", help=f"do not (re)write {BENCH_DATA.name}"
+    )
+    parser.add_argument(
+        "--activations-only", action="store_true", help=f"only (re)write {BENCH_DATA.name}"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     batches = femnist_batches(args.clients)
-    rows = measure(batches)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps({"clients": args.clients, "batch": B, "d": D, "rows": rows}, indent=1)
-    )
+    if not args.activations_only:
+        rows = measure(batches)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        summary = {"clients": args.clients, "batch": B, "d": D, "rows": rows}
+        args.out.write_text(json.dumps(summary, indent=1))
+        print(f"wrote {args.out}")
+    if args.no_activations:
+        return 0
     BENCH_DATA.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(BENCH_DATA, femnist=batches[0].numpy(), nwp=nwp_batch().numpy())
-    print(f"wrote {args.out} and {BENCH_DATA} ({BENCH_DATA.stat().st_size} bytes)")
+    print(f"wrote {BENCH_DATA} ({BENCH_DATA.stat().st_size} bytes)")
     return 0
 
 

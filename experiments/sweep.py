@@ -7,8 +7,10 @@
 
 Every run writes ``<out>/<sweep>/<key>.json`` (config, seeds, curve, final metrics, bits)
 when it ends; a run whose file exists is skipped, so an interrupted sweep resumes by running
-the same command again. ``<out>/<sweep>/summary.csv`` is rewritten from all records at the
-end. Worker processes use one torch thread each (``--jobs`` processes in parallel).
+the same command again. A run in progress holds ``<key>.lock`` (its pid), so several sweep
+commands on one machine share the work instead of repeating it. ``<out>/<sweep>/summary.csv``
+is rewritten from all records at the end. Worker processes use one torch thread each
+(``--jobs`` processes in parallel).
 """
 
 from __future__ import annotations
@@ -50,17 +52,44 @@ def _init_worker() -> None:
     os.nice(0)  # inherit the caller's niceness; run the sweep under `nice -n 10`
 
 
+def _claim(lock: Path) -> bool:
+    """Create ``lock`` with our pid unless a live process holds it (a stale one is taken)."""
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                os.kill(int(lock.read_text() or "0"), 0)
+                return False  # another sweep command is running this job
+            except (ProcessLookupError, ValueError):
+                lock.unlink(missing_ok=True)  # its owner died: take it over
+                continue
+            except FileNotFoundError:
+                continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(os.getpid()))
+        return True
+    return False
+
+
 def _run_and_save(args: tuple[Job, str]) -> tuple[str, float, str | None]:
+    """Run one job unless another sweep command holds it; write its record atomically."""
     job, directory = args
+    path = Path(directory) / f"{job.key}.json"
+    lock = path.with_suffix(".lock")
+    if path.exists() or not _claim(lock):
+        return job.key, 0.0, "skipped"
     started = time.perf_counter()
     try:
-        record = run_job(job, Path(directory))
-    except Exception:
-        return job.key, time.perf_counter() - started, traceback.format_exc()
-    path = Path(directory) / f"{job.key}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=float))
-    tmp.replace(path)  # atomic: a killed sweep never leaves a half-written record
+        try:
+            record = run_job(job, Path(directory))
+        except Exception:
+            return job.key, time.perf_counter() - started, traceback.format_exc()
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(record, indent=1, default=float))
+        tmp.replace(path)  # atomic: a killed sweep never leaves a half-written record
+    finally:
+        lock.unlink(missing_ok=True)
     return job.key, time.perf_counter() - started, None
 
 
@@ -107,6 +136,9 @@ def run_sweep(
 
 
 def _report(key: str, seconds: float, error: str | None) -> list[str]:
+    if error == "skipped":
+        print(f"  skip {key} (another sweep command is running it)", flush=True)
+        return []
     if error is None:
         print(f"  done {key} ({seconds:.0f} s)", flush=True)
         return []
