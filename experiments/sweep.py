@@ -105,9 +105,9 @@ def run_sweep(
     """Run every missing record of sweep ``name`` (of shard i of n: the runs whose index is
     i mod n, so that separate commands can share a sweep); returns the keys that failed."""
     sweep = SWEEPS[name]
-    todo = sweep.http_check() if http else sweep.jobs(smoke=smoke)
+    todo = sweep.http_check(smoke=smoke) if http else sweep.jobs(smoke=smoke)
     todo = todo[shard[0] :: shard[1]]
-    directory = out / name
+    directory = out / (f"{name}-http" if http else name)
     directory.mkdir(parents=True, exist_ok=True)
     missing = [job for job in todo if not (directory / f"{job.key}.json").exists()]
     print(
@@ -128,11 +128,35 @@ def run_sweep(
             for key, seconds, error in pool.imap_unordered(_run_and_save, work):
                 failed += _report(key, seconds, error)
     write_summary(directory)
+    if http:
+        failed += _compare_http(directory)
     print(
         f"{name}: finished in {time.perf_counter() - started:.0f} s, {len(failed)} failed",
         flush=True,
     )
     return failed
+
+
+def _compare_http(directory: Path) -> list[str]:
+    """The in-process and HTTP records must agree on everything but wall time."""
+    records = {r["config"]["transport"]: r for r in load_records(directory)}
+    if set(records) != {"inprocess", "http"}:
+        return ["http-check: a record is missing"]
+
+    def numbers(record: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in row.items() if k != "seconds"} for row in record["curve"]]
+
+    same = numbers(records["inprocess"]) == numbers(records["http"])
+    same = same and records["inprocess"]["wire_bytes"] == records["http"]["wire_bytes"]
+    verdict = {
+        "identical": same,
+        "final_inprocess": records["inprocess"]["final"],
+        "final_http": records["http"]["final"],
+        "seconds": {t: r["seconds"] for t, r in records.items()},
+    }
+    (directory / "http_check.txt").write_text(json.dumps(verdict, indent=1) + "\n")
+    print(f"http check: {'identical' if same else 'DIFFERENT'} {verdict['final_http']}", flush=True)
+    return [] if same else ["http-check: the HTTP run differs from the in-process run"]
 
 
 def _report(key: str, seconds: float, error: str | None) -> list[str]:
@@ -180,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="parallel worker processes")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results root")
     parser.add_argument("--smoke", action="store_true", help="a few steps of each kind of run")
-    parser.add_argument("--http", action="store_true", help="the sweep's HTTP spot check")
+    parser.add_argument(
+        "--http", action="store_true", help="the sweep's HTTP spot check (with --smoke: tiny)"
+    )
     parser.add_argument("--list", action="store_true", help="list sweeps and their runs")
     parser.add_argument("--shard", default="0/1", help="i/n: only runs i, i+n, i+2n, ...")
     args = parser.parse_args(argv)

@@ -50,16 +50,13 @@ def test_smoke_sweep_runs_every_kind_of_run_and_resumes(name: str, tmp_path: Pat
 @pytest.mark.slow
 def test_http_spot_check_gives_the_in_process_numbers(tmp_path: Path) -> None:
     """fedlite-b serve in a subprocess and the in-process service train bit-identically."""
-    failed = run_sweep("vertical", out=tmp_path, jobs=1, http=True)
+    failed = run_sweep("vertical", out=tmp_path, jobs=1, smoke=True, http=True)
 
-    records = {r["config"]["transport"]: r for r in load_records(tmp_path / "vertical")}
+    records = {r["config"]["transport"]: r for r in load_records(tmp_path / "vertical-http")}
     assert failed == [] and set(records) == {"inprocess", "http"}
-    strip = [{k: v for k, v in row.items() if k != "seconds"} for row in records["http"]["curve"]]
-    local = [
-        {k: v for k, v in row.items() if k != "seconds"} for row in records["inprocess"]["curve"]
-    ]
-    assert strip == local
-    assert records["http"]["wire_bytes"] == records["inprocess"]["wire_bytes"]
+    verdict = json.loads((tmp_path / "vertical-http" / "http_check.txt").read_text())
+    assert verdict["identical"] is True
+    assert records["http"]["final"] == records["inprocess"]["final"]
 
 
 def test_summary_lists_every_record(tmp_path: Path) -> None:
