@@ -52,6 +52,20 @@ def _init_worker() -> None:
     os.nice(0)  # inherit the caller's niceness; run the sweep under `nice -n 10`
 
 
+def _is_sweep_worker(pid: int) -> bool:
+    """Whether ``pid`` is a live Python process (a sweep worker). Checking the command line
+    matters: a lock written inside a container or sandbox can hold a pid that is some other
+    process here (pid 1 is always alive), and would block its run for ever."""
+    if pid <= 1:
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    return not cmdline.exists() or b"python" in cmdline.read_bytes()
+
+
 def _claim(lock: Path) -> bool:
     """Create ``lock`` with our pid unless a live process holds it (a stale one is taken)."""
     for _ in range(2):
@@ -59,13 +73,15 @@ def _claim(lock: Path) -> bool:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             try:
-                os.kill(int(lock.read_text() or "0"), 0)
-                return False  # another sweep command is running this job
-            except (ProcessLookupError, ValueError):
-                lock.unlink(missing_ok=True)  # its owner died: take it over
-                continue
+                holder = int(lock.read_text() or "0")
             except FileNotFoundError:
                 continue
+            except ValueError:
+                holder = 0
+            if _is_sweep_worker(holder):
+                return False  # another sweep command is running this job
+            lock.unlink(missing_ok=True)  # its owner died: take it over
+            continue
         with os.fdopen(fd, "w") as fh:
             fh.write(str(os.getpid()))
         return True

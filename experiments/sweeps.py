@@ -75,8 +75,9 @@ def femnist_full() -> list[Job]:
     """20 runs, most informative first (an interrupted sweep has the headline points):
     SplitFed; the paper's headline point q = 1152, L = 2; lambda = 0 over q in {4608, 1152,
     288} x L in {2, 16} (two of the five columns of the paper's Fig. 4 grid, ratios 32x to
-    1197x) with FedAvg after its first three points; the same grid at the paper's lambda = 5e-5; lambda = 5e-4 on the L = 2
-    column; vanilla PQ (R = q, the paper's Fig. 4c); two runs at the paper's learning rate."""
+    1197x), with FedAvg after its first three points; the same grid at the paper's
+    lambda = 5e-5; lambda = 5e-4 on the L = 2 column; vanilla PQ (R = q, the paper's
+    Fig. 4c); two runs at the paper's learning rate."""
     runs: list[Job] = [FEMNIST]
     runs += _grid(FEMNIST, [1152], [2], [0.0, 5e-5])
     runs += [
