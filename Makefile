@@ -38,8 +38,8 @@ demo: $(STAMP)
 # Benchmarks write benchmarks/results/*.json; the report renders them into docs/PERFORMANCE.md.
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.codec
-	$(BIN)/python -m benchmarks.quantizer --threads 1 --out benchmarks/results/quantizer-1thread.json
-	$(BIN)/python -m benchmarks.quantizer
+	$(BIN)/python -m benchmarks.quantizer --threads 1 --activations benchmarks/data/activations.npz --out benchmarks/results/quantizer-1thread.json
+	$(BIN)/python -m benchmarks.quantizer --activations benchmarks/data/activations.npz
 	$(BIN)/python -m benchmarks.step
 	$(BIN)/python -m benchmarks.throughput
 	$(BIN)/python -m benchmarks.memory

@@ -9,6 +9,8 @@ from api_schemas.problems import PROBLEM_CONTENT_TYPE, Problem, ProblemType
 from api_schemas.runs import (
     AlignmentIn,
     AlignmentOut,
+    BatchScheduleSpec,
+    ClientSchedule,
     EvalResultOut,
     OptimizerSpec,
     QuantizerSpec,
@@ -17,6 +19,7 @@ from api_schemas.runs import (
     RunList,
     RunOut,
     RunStatus,
+    ShuffleSchedule,
     StepLogOut,
     StepLogPage,
 )
@@ -25,6 +28,8 @@ __all__ = [
     "PROBLEM_CONTENT_TYPE",
     "AlignmentIn",
     "AlignmentOut",
+    "BatchScheduleSpec",
+    "ClientSchedule",
     "EvalResultOut",
     "OptimizerSpec",
     "Problem",
@@ -36,6 +41,7 @@ __all__ = [
     "RunList",
     "RunOut",
     "RunStatus",
+    "ShuffleSchedule",
     "StepLogOut",
     "StepLogPage",
 ]

@@ -45,6 +45,24 @@ class QuantizerSpec(_Strict):
         return self
 
 
+class ShuffleSchedule(_Strict):
+    """Seeded epochs over the aligned train samples; each step is one batch of batch_size."""
+
+    kind: Literal["shuffle"] = "shuffle"
+
+
+class ClientSchedule(_Strict):
+    """The paper's horizontal setting: every sample belongs to a client (both parties hold the
+    client column); each step samples ``clients_per_step`` clients and ``batch_size`` rows of
+    each, and each client's rows travel as their own independently quantized chunk."""
+
+    kind: Literal["clients"]
+    clients_per_step: int = Field(ge=1, description="clients sampled per step")
+
+
+BatchScheduleSpec = Annotated[ShuffleSchedule | ClientSchedule, Field(discriminator="kind")]
+
+
 class OptimizerSpec(_Strict):
     name: Literal["sgd", "adam", "adagrad"]
     lr: float = Field(gt=0, le=100)
@@ -64,7 +82,12 @@ class RunCreate(_Strict):
     cut_dim: int = Field(ge=1, description="d, the width of party A's activations")
     quantizer: QuantizerSpec
     optimizer: OptimizerSpec = Field(description="party B's optimizer for the top model")
-    batch_size: int = Field(ge=1, description="rows per training step")
+    batch_size: int = Field(
+        ge=1, description="rows per training step (per client with the 'clients' schedule)"
+    )
+    schedule: BatchScheduleSpec = Field(
+        default_factory=ShuffleSchedule, description="how each step's rows are chosen"
+    )
     steps: int = Field(ge=1, description="training steps the run will take")
     seed: int = Field(ge=0, lt=2**63)
     checkpoint_interval: int = Field(default=50, ge=1, description="steps between checkpoints")

@@ -37,6 +37,7 @@ class PendingStep:
     z: Tensor  # (rows, d) with autograd history back to the bottom model
     z_tilde: Tensor  # (rows, d) exactly what party B will dequantize
     body: bytes  # the encoded request (resent verbatim on retry)
+    chunk_sizes: tuple[int, ...]  # activation rows of each chunk of the request
 
 
 @dataclass(frozen=True)
@@ -80,16 +81,23 @@ class BottomTrainer:
         *,
         chunk_sizes: Sequence[int] | None = None,
     ) -> PendingStep:
-        """Forward the batch and encode the step request (chunks quantized independently)."""
+        """Forward the batch and encode the step request (chunks quantized independently).
+
+        ``chunk_sizes`` count samples; a sample is one activation row, or T rows (one per
+        token) for sequence models.
+        """
         self.model.train()
         seed_dropout(self.model, step_seed(self.seed, step, "dropout-bottom"))
         z = self.model(self._input(x))  # (rows, d)
-        chunks, z_tilde = self._compress(z, step, "kmeans", chunk_sizes)
+        per_sample = int(z.shape[0]) // max(len(x), 1)
+        sizes = [per_sample * b for b in chunk_sizes] if chunk_sizes else None
+        chunks, z_tilde = self._compress(z, step, "kmeans", sizes)
         body = codec.encode_step_request(
             codec.StepRequest(step=step, batch_digest=digest, chunks=chunks),
             codebook_dtype=self.codebook_dtype,
         )
-        return PendingStep(step=step, z=z, z_tilde=z_tilde, body=body)
+        rows = tuple(c.B for c in chunks)
+        return PendingStep(step=step, z=z, z_tilde=z_tilde, body=body, chunk_sizes=rows)
 
     def apply(self, pending: PendingStep, response: bytes) -> StepResult:
         """Decode party B's answer, correct the gradient and update the bottom model."""
@@ -123,9 +131,10 @@ class BottomTrainer:
     def activations(
         self, x: np.ndarray, *, tag: str, chunk_size: int
     ) -> tuple[codec.Activations, ...]:
-        """Forward only (eval mode) and compress in chunks of ``chunk_size`` rows."""
+        """Forward only (eval mode) and compress in chunks of ``chunk_size`` samples."""
         self.model.eval()
         z = self.model(self._input(x))
+        chunk_size *= int(z.shape[0]) // max(len(x), 1)  # rows: T per sample for sequences
         sizes = [min(chunk_size, len(z) - i) for i in range(0, len(z), chunk_size)]
         chunks, _ = self._compress(z, 0, tag, sizes)
         return chunks

@@ -177,6 +177,7 @@ def _session(args: argparse.Namespace) -> Iterator[Any]:
         id_column=args.id_column,
         feature_columns=config.data.feature_columns or None,
         standardize=config.data.standardize,
+        group_column=config.data.group_column,
     )
     store = LocalStore.in_directory(args.state_dir)
     transport = HttpTransport(server, token, ca_bundle=args.ca_bundle, retry_for=args.retry_for)

@@ -6,11 +6,12 @@ Example (every table but [run] is optional)::
     name = "breast"              # the local name a run is resumed by
     model = "tabular_mlp"
     steps = 300
-    batch_size = 32
+    batch_size = 32              # rows per step (per client with the 'clients' schedule)
     seed = 0
     checkpoint_interval = 25
     eval_fraction = 0.2
     use_side_features = true     # party B feeds its own columns to the top model
+    schedule = { kind = "shuffle" }  # or { kind = "clients", clients_per_step = 10 }
 
     [model.bottom]               # party A's bottom model (in_features defaults to the data)
     hidden = [64]
@@ -36,8 +37,9 @@ Example (every table but [run] is optional)::
     lr = 0.001
 
     [data]
-    feature_columns = []         # default: every column but the id
+    feature_columns = []         # default: every column but the id (and the client column)
     standardize = true
+    # group_column = "writer"    # the client of each row; the 'clients' schedule needs it
 """
 
 import tomllib
@@ -46,7 +48,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from api_schemas import OptimizerSpec, QuantizerSpec, RunCreate
+from api_schemas import BatchScheduleSpec, OptimizerSpec, QuantizerSpec, RunCreate, ShuffleSchedule
 from party_a.errors import ConfigError
 
 __all__ = ["PartyAConfig", "load_config"]
@@ -63,6 +65,7 @@ class RunSection(_Strict):
     model: str
     steps: int = Field(ge=1)
     batch_size: int = Field(ge=1)
+    schedule: BatchScheduleSpec = Field(default_factory=ShuffleSchedule)
     seed: int = Field(default=0, ge=0)
     checkpoint_interval: int = Field(default=50, ge=1)
     eval_fraction: float = Field(default=0.2, ge=0, lt=1)
@@ -95,6 +98,7 @@ class OptimizerSection(_Strict):
 class DataSection(_Strict):
     feature_columns: list[str] = Field(default_factory=list)
     standardize: bool = True
+    group_column: str | None = None
 
 
 class PartyAConfig(_Strict):
@@ -124,6 +128,7 @@ class PartyAConfig(_Strict):
             quantizer=self.quantizer.spec(),
             optimizer=self.optimizer.top,
             batch_size=self.run.batch_size,
+            schedule=self.run.schedule,
             steps=self.run.steps,
             seed=self.run.seed,
             checkpoint_interval=self.run.checkpoint_interval,

@@ -39,7 +39,14 @@ from shared import codec
 from shared.accounting import raw_step_request_bytes
 from shared.alignment import hmac_ids, order_by_raw_id
 from shared.models import cut_dim as model_cut_dim
-from shared.schedule import batch_digest, batch_positions, split_train_eval
+from shared.schedule import (
+    BatchSchedule,
+    ClientBatches,
+    ShuffledBatches,
+    StepBatch,
+    batch_digest,
+    split_train_eval,
+)
 
 __all__ = ["PartyATrainer", "TrainSummary"]
 
@@ -104,7 +111,8 @@ class PartyATrainer:
         self.aligned: list[bytes] = []
         self.train_pos: np.ndarray = np.zeros(0, dtype=np.int64)
         self.eval_pos: np.ndarray = np.zeros(0, dtype=np.int64)
-        self._raw_step_bytes = raw_step_request_bytes(d=self.cut_dim, batch=config.run.batch_size)
+        self.batches: BatchSchedule | None = None  # set by prepare()
+        self._raw_step_bytes: dict[tuple[int, ...], int] = {}
 
     # ================================================================== set-up
 
@@ -208,6 +216,29 @@ class PartyATrainer:
             seed=self.config.run.seed,
             eval_fraction=self.config.run.eval_fraction,
         )
+        self.batches = self._batch_schedule()
+
+    def _batch_schedule(self) -> BatchSchedule:
+        run = self.config.run
+        if run.schedule.kind == "clients":
+            if self.features.groups is None:
+                raise ConfigError(
+                    "the 'clients' schedule needs the client of every row: set [data] group_column"
+                )
+            groups = self.features.groups
+            return ClientBatches(
+                [groups[r] for r in self.rows[self.train_pos].tolist()],
+                clients_per_step=run.schedule.clients_per_step,
+                batch_size=run.batch_size,
+                seed=run.seed,
+            )
+        return ShuffledBatches(n=len(self.train_pos), batch_size=run.batch_size, seed=run.seed)
+
+    def batch(self, step: int) -> StepBatch:
+        """Step ``step``'s rows as positions into the aligned list, and its chunk sizes."""
+        assert self.batches is not None, "call prepare() first"
+        batch = self.batches.batch(step)
+        return StepBatch(self.train_pos[batch.positions], batch.chunk_sizes)
 
     # ================================================================== training
 
@@ -232,13 +263,12 @@ class PartyATrainer:
         while self.step < run.steps:
             t = self.step + 1
             step_started = time.perf_counter()
-            positions = self.train_pos[
-                batch_positions(t, batch_size=run.batch_size, n=len(self.train_pos), seed=run.seed)
-            ]
+            batch = self.batch(t)
             pending = self.bottom.request(
                 t,
-                self.features.x[self.rows[positions]],
-                batch_digest([self.aligned[p] for p in positions]),
+                self.features.x[self.rows[batch.positions]],
+                batch_digest([self.aligned[p] for p in batch.positions]),
+                chunk_sizes=batch.chunk_sizes,
             )
             try:
                 response = self.transport.step(self.run_id, pending.body)
@@ -266,7 +296,8 @@ class PartyATrainer:
         summary.last_loss = result.loss
         summary.bytes_sent += len(pending.body)
         summary.bytes_received += result.bytes_received
-        summary.raw_bytes += self._raw_step_bytes
+        raw_bytes = self._raw_bytes(pending.chunk_sizes)
+        summary.raw_bytes += raw_bytes
         self.store.log_step(
             LocalStep(
                 run_id=self.local.id,
@@ -274,7 +305,7 @@ class PartyATrainer:
                 loss=result.loss if np.isfinite(result.loss) else None,
                 bytes_sent=len(pending.body),
                 bytes_received=result.bytes_received,
-                raw_bytes=self._raw_step_bytes,
+                raw_bytes=raw_bytes,
                 step_ms=1000 * seconds,
             )
         )
@@ -286,6 +317,14 @@ class PartyATrainer:
             )
         if self.on_step is not None:
             self.on_step(result, summary)
+
+    def _raw_bytes(self, chunk_sizes: tuple[int, ...]) -> int:
+        """Bytes of the SplitFed request (raw float32 chunks) with these chunk sizes."""
+        if chunk_sizes not in self._raw_step_bytes:
+            self._raw_step_bytes[chunk_sizes] = raw_step_request_bytes(
+                d=self.cut_dim, batch=chunk_sizes
+            )
+        return self._raw_step_bytes[chunk_sizes]
 
     def _reconcile(self, summary: TrainSummary) -> None:
         """Bring party A and party B to the same step (see the module docstring)."""

@@ -5,6 +5,7 @@ OpenAPI schema. Every error is RFC 9457 problem+json with a stable ``type``. Tor
 in worker threads so the event loop keeps serving other runs, health checks and metrics.
 """
 
+import importlib
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
@@ -181,19 +182,27 @@ class MetricsMiddleware:
 
 
 def _load_labels(settings: Settings) -> LabelSource:
+    if settings.label_source is not None:
+        # An operator-chosen factory (like uvicorn's 'module:app'): label sets that are not
+        # one table, e.g. the experiments' images, tags and next tokens.
+        module_name, _, attr = settings.label_source.partition(":")
+        factory = getattr(importlib.import_module(module_name), attr)
+        source: LabelSource = factory()
+        return source
     assert settings.labels is not None
     return load_label_table(
         settings.labels,
         id_column=settings.id_column,
         label_column=settings.label_column,
         feature_columns=settings.feature_columns,
+        group_column=settings.group_column,
     )
 
 
 def create_app(settings: Settings, *, labels: LabelSource | None = None) -> FastAPI:
     """Build party B: database, label table, tokens, service, routes. No import-time state."""
     if labels is None:
-        if settings.labels is None:
+        if settings.labels is None and settings.label_source is None:
             raise ValueError("party B needs a label table: set FEDLITE_B_LABELS or --labels")
         labels = _load_labels(settings)
     if settings.database_url is None:

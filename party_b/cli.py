@@ -28,6 +28,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         "labels",
         "id_column",
         "label_column",
+        "group_column",
+        "label_source",
         "tokens",
         "ssl_certfile",
         "ssl_keyfile",
@@ -208,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--label-column", help="label column (default 'y')")
     serve.add_argument(
         "--feature-columns", help="comma-separated feature columns (default: all others)"
+    )
+    serve.add_argument("--group-column", help="client column (the 'clients' batch schedule)")
+    serve.add_argument(
+        "--label-source", help="'module:factory' returning a LabelSource, instead of --labels"
     )
     serve.add_argument("--tokens", help="'name:token,...' to register at start-up")
     serve.add_argument("--ssl-certfile", type=Path, help="TLS certificate (PEM)")

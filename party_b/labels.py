@@ -5,6 +5,7 @@ experiment harness can plug in other label sets (images, tags, next tokens) and 
 very same step code.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -40,6 +41,16 @@ class LabelSource(Protocol):
     @property
     def ids(self) -> list[str]: ...
 
+    @property
+    def groups(self) -> Sequence[str] | None:
+        """The client of each row (the 'clients' batch schedule needs it), or None."""
+        ...
+
+    @property
+    def accuracy_excludes(self) -> tuple[int, ...]:
+        """Target classes left out of accuracy but kept in the loss (e.g. out-of-vocabulary)."""
+        ...
+
     def targets(self, rows: np.ndarray) -> Tensor:
         """Targets of ``rows``: (n,) int64 classes, or (n, num_outputs) multi-hot, or (n*T,)."""
         ...
@@ -55,6 +66,7 @@ class LabelTable:
 
     labels:   (n,) int64 class index into ``classes``
     features: (n, k) float32, z-scored per column over the whole table
+    row_groups: the client of each row, when the table has a client column
     """
 
     row_ids: list[str]
@@ -63,10 +75,19 @@ class LabelTable:
     features: np.ndarray
     feature_names: list[str]
     task: Task = "classification"
+    row_groups: list[str] | None = None
 
     @property
     def ids(self) -> list[str]:
         return self.row_ids
+
+    @property
+    def groups(self) -> list[str] | None:
+        return self.row_groups
+
+    @property
+    def accuracy_excludes(self) -> tuple[int, ...]:
+        return ()
 
     @property
     def num_outputs(self) -> int:
@@ -84,9 +105,15 @@ class LabelTable:
 
 
 def load_label_table(
-    path: Path, *, id_column: str, label_column: str, feature_columns: list[str] | None
+    path: Path,
+    *,
+    id_column: str,
+    label_column: str,
+    feature_columns: list[str] | None,
+    group_column: str | None = None,
 ) -> LabelTable:
-    """Read party B's table. ``feature_columns=None`` takes every column but id and label."""
+    """Read party B's table. ``feature_columns=None`` takes every column but id, label and
+    the client column ``group_column`` (needed only by the 'clients' batch schedule)."""
     table = read_id_table(path, id_column=id_column)
     if label_column not in table.columns:
         raise TableError(
@@ -102,13 +129,18 @@ def load_label_table(
     index = {c: i for i, c in enumerate(classes)}
     labels = np.array([index[v] for v in values], dtype=np.int64)
 
+    groups = None
+    if group_column is not None:
+        if group_column not in table.columns:
+            raise TableError(f"{path} has no client column {group_column!r}")
+        groups = [str(v) for v in table.columns[group_column].tolist()]
     names = (
-        [c for c in table.columns if c != label_column]
+        [c for c in table.columns if c not in (label_column, group_column)]
         if feature_columns is None
         else list(feature_columns)
     )
-    if label_column in names:
-        raise TableError("the label column cannot also be a feature column")
+    if label_column in names or (group_column is not None and group_column in names):
+        raise TableError("the label and client columns cannot also be feature columns")
     features = table.matrix(names)
     mean = features.mean(axis=0, keepdims=True)
     std = features.std(axis=0, keepdims=True)
@@ -119,6 +151,7 @@ def load_label_table(
         classes=classes,
         features=features,
         feature_names=names,
+        row_groups=groups,
     )
 
 

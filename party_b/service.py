@@ -64,7 +64,15 @@ from shared.psi import (
     new_server_key,
 )
 from shared.quantizer import GroupedProductQuantizer, PQCode, PQConfig
-from shared.schedule import batch_digest, batch_positions, split_train_eval, step_seed
+from shared.schedule import (
+    BatchSchedule,
+    ClientBatches,
+    ShuffledBatches,
+    StepBatch,
+    batch_digest,
+    split_train_eval,
+    step_seed,
+)
 from shared.training import state_sha256
 
 __all__ = ["Caller", "RunService"]
@@ -102,6 +110,8 @@ class _RunState:
     label_rows: np.ndarray  # (n_aligned,) row of each aligned key in the label source
     train_pos: np.ndarray  # positions into ``aligned``
     eval_pos: np.ndarray
+    batches: BatchSchedule  # the batch of every step, as positions into ``train_pos``
+    rows_per_sample: int  # activation rows per sample: 1, or T tokens for sequence models
     dequantizer: GroupedProductQuantizer | None  # None for raw runs
     step: int = 0  # last applied step
     last_request_sha: bytes | None = None
@@ -423,14 +433,8 @@ class RunService:
                     f"the run has {state.config.steps} steps; finish it instead",
                     applied_step=state.step,
                 )
-            positions = state.train_pos[
-                batch_positions(
-                    request.step,
-                    batch_size=state.config.batch_size,
-                    n=len(state.train_pos),
-                    seed=state.config.seed,
-                )
-            ]
+            batch = self._batch(state, request.step)
+            positions = batch.positions
             if request.batch_digest != batch_digest([state.aligned[p] for p in positions]):
                 self._metrics.steps.labels("rejected").inc()
                 raise ProblemError(
@@ -440,7 +444,15 @@ class RunService:
                     f"the batch digest of step {request.step} does not match party B's batch; "
                     "the parties disagree on the aligned ids, seed or batch size",
                 )
-            z_tilde = self._dequantize(state, request.chunks, expected_rows=len(positions))
+            expected = tuple(state.rows_per_sample * b for b in batch.chunk_sizes)
+            if tuple(c.B for c in request.chunks) != expected:
+                raise ProblemError.shape(
+                    f"chunks of {[c.B for c in request.chunks]} rows, the run's schedule has "
+                    f"{list(expected)} at step {request.step}"
+                )
+            z_tilde = self._dequantize(
+                state, request.chunks, expected_rows=state.rows_per_sample * len(positions)
+            )
             decoded = time.perf_counter()
             rows = state.label_rows[positions]
             outcome = self._train(state, z_tilde, rows, request.step)
@@ -519,7 +531,9 @@ class RunService:
                     "Evaluation ids mismatch",
                     f"the digest does not match party B's {len(positions)} {split} samples",
                 )
-            z_tilde = self._dequantize(state, request.chunks, expected_rows=len(positions))
+            z_tilde = self._dequantize(
+                state, request.chunks, expected_rows=state.rows_per_sample * len(positions)
+            )
             rows = state.label_rows[positions]
             outcome = state.trainer.evaluate(
                 z_tilde, self._labels.targets(rows), self._side(state, rows)
@@ -632,6 +646,7 @@ class RunService:
             train_pos, eval_pos = split_train_eval(
                 len(aligned), seed=spec.seed, eval_fraction=spec.eval_fraction
             )
+            label_rows = np.array([key_to_row[k] for k in aligned], dtype=np.int64)
             state = _RunState(
                 run_id=run_id,
                 owner_id=run.owner_id,
@@ -639,9 +654,12 @@ class RunService:
                 config=spec,
                 trainer=trainer,
                 aligned=aligned,
-                label_rows=np.array([key_to_row[k] for k in aligned], dtype=np.int64),
+                label_rows=label_rows,
                 train_pos=train_pos,
                 eval_pos=eval_pos,
+                batches=self._batch_schedule(spec, label_rows[train_pos]),
+                # targets are (n,), (n, tags) or (n * T,): T activation rows per sample
+                rows_per_sample=int(self._labels.targets(label_rows[:1]).shape[0]),
                 dequantizer=_dequantizer(spec),
                 step=checkpoint.step,
                 last_request_sha=checkpoint.request_sha256,
@@ -715,8 +733,17 @@ class RunService:
                 f"model {spec.model!r} is for {model_task(spec.model)} tasks but party B's "
                 f"labels are for {self._labels.task}"
             )
+        if spec.schedule.kind == "clients" and self._labels.groups is None:
+            raise ProblemError.invalid(
+                "the 'clients' schedule needs the client of every sample, and party B's "
+                "labels have no client column"
+            )
+        rows_per_step = spec.batch_size * (
+            spec.schedule.clients_per_step if spec.schedule.kind == "clients" else 1
+        )
         checks = [
             ("batch_size", spec.batch_size, lim.max_batch),
+            ("rows per step", rows_per_step, lim.max_batch),
             ("cut_dim", spec.cut_dim, lim.max_dim),
             ("steps", spec.steps, lim.max_steps),
             ("quantizer.q", spec.quantizer.q or 1, lim.max_q),
@@ -761,7 +788,27 @@ class RunService:
             optimizer=spec.optimizer.model_dump(),
             task=self._labels.task,
             seed=spec.seed,
+            accuracy_excludes=self._labels.accuracy_excludes,
         )
+
+    def _batch_schedule(self, spec: RunCreate, train_rows: np.ndarray) -> BatchSchedule:
+        """The run's schedule over its train samples (``train_rows``: their label rows)."""
+        if spec.schedule.kind == "clients":
+            groups = self._labels.groups
+            assert groups is not None, "checked when the run was created"
+            return ClientBatches(
+                [groups[r] for r in train_rows.tolist()],
+                clients_per_step=spec.schedule.clients_per_step,
+                batch_size=spec.batch_size,
+                seed=spec.seed,
+            )
+        return ShuffledBatches(n=len(train_rows), batch_size=spec.batch_size, seed=spec.seed)
+
+    @staticmethod
+    def _batch(state: _RunState, step: int) -> StepBatch:
+        """Step ``step``'s rows as positions into the aligned list, and its chunk sizes."""
+        batch = state.batches.batch(step)
+        return StepBatch(state.train_pos[batch.positions], batch.chunk_sizes)
 
     def _decode(self, decoder: Any, body: bytes) -> Any:
         try:

@@ -43,6 +43,14 @@ class Settings(BaseSettings):
     feature_columns: list[str] | None = Field(
         default=None, description="party B's own features; default: every other column"
     )
+    group_column: str | None = Field(
+        default=None, description="the client of each row (the 'clients' batch schedule)"
+    )
+    label_source: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="instead of a table: 'module:factory', a callable returning a LabelSource",
+    )
     tokens: str = Field(
         default="",
         description="operator tokens to register at start-up, 'name:token,name:token' "

@@ -56,11 +56,15 @@ class TopTrainer:
         optimizer: dict[str, Any],
         task: Task,
         seed: int,
+        accuracy_excludes: tuple[int, ...] = (),
     ) -> None:
+        """``accuracy_excludes``: target classes that count in the loss but not in accuracy
+        (the out-of-vocabulary token of a next-token task)."""
         self.model = build_seeded(lambda: build_top(model, cut_dim=cut_dim, **top_kwargs), seed)
         self.optimizer = make_optimizer(self.model.parameters(), optimizer)
         self.task = task
         self.cut_dim = cut_dim
+        self.accuracy_excludes = torch.tensor(accuracy_excludes, dtype=torch.int64)
 
     # ------------------------------------------------------------------ training
 
@@ -123,10 +127,12 @@ class TopTrainer:
     def _loss(self, logits: Tensor, targets: Tensor) -> tuple[Tensor, int]:
         """Mean loss over samples and the number of samples averaged."""
         if self.task == "multilabel":
-            per_sample = torch.nn.functional.binary_cross_entropy_with_logits(
-                logits, targets.to(logits.dtype), reduction="none"
-            ).sum(1)
-            return per_sample.mean(), int(logits.shape[0])
+            # Mean over tags as well as samples (torch's and Keras's default, which the paper's
+            # SO Tag learning rate and lambda grid assume); each sample's loss is its mean BCE.
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                logits, targets.to(logits.dtype)
+            )
+            return loss, int(logits.shape[0])
         if self.task == "sequence":
             n = int((targets != IGNORE).sum())
             loss = torch.nn.functional.cross_entropy(
@@ -137,11 +143,15 @@ class TopTrainer:
 
     def _batch_metrics(self, logits: Tensor, targets: Tensor) -> dict[str, float]:
         if self.task == "multilabel":
+            # Keras's Recall(top_k=5), which the paper's SO Tag numbers use: true tags among
+            # each row's 5 top-scored tags, over all true tags of all rows (micro average).
             top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
-            hits = targets.gather(1, top5).sum(1).to(torch.float32)
-            relevant = targets.sum(1).clamp_min(1).to(torch.float32)
-            return {"recall_at_5": float((hits / relevant).mean())}
+            hits = float(targets.gather(1, top5).sum())
+            relevant = float(targets.sum())
+            return {"recall_at_5": hits / relevant if relevant else float("nan")}
         mask = targets != IGNORE
+        if len(self.accuracy_excludes):
+            mask &= ~torch.isin(targets, self.accuracy_excludes)
         if not bool(mask.any()):
             return {"accuracy": float("nan")}
         correct = (logits.argmax(1) == targets) & mask

@@ -8,6 +8,7 @@ headers (version, type tag, shapes, the step number and the batch digest).
 """
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,10 +85,16 @@ def pq_step_request_bytes(
     return len(encode_step_request(message, codebook_dtype=codebook_dtype))
 
 
-def raw_step_request_bytes(*, d: int, batch: int, activations_dtype: WireFloat = "float32") -> int:
-    """Measured bytes of the SplitFed step request (raw activations) of this shape."""
-    chunk = RawActivations(activations=np.zeros((batch, d), dtype=np.float32))
-    message = StepRequest(step=1, batch_digest=bytes(DIGEST_BYTES), chunks=(chunk,))
+def raw_step_request_bytes(
+    *, d: int, batch: int | Sequence[int], activations_dtype: WireFloat = "float32"
+) -> int:
+    """Measured bytes of the SplitFed step request (raw activations) of this shape.
+
+    ``batch``: rows of the one chunk, or the rows of each chunk (one per client).
+    """
+    sizes = [batch] if isinstance(batch, int) else list(batch)
+    chunks = tuple(RawActivations(activations=np.zeros((b, d), dtype=np.float32)) for b in sizes)
+    message = StepRequest(step=1, batch_digest=bytes(DIGEST_BYTES), chunks=chunks)
     return len(encode_step_request(message, activations_dtype=activations_dtype))
 
 

@@ -5,15 +5,27 @@ hold the same ordered list of aligned ids; from it and the run seed each side co
 train/eval split, the same batch for every step and the same per-step random seeds. A step
 request carries only an 8-byte digest of its batch's ids so that a disagreement is caught
 instead of silently training on mismatched rows.
+
+Two batch schedules exist. ``ShuffledBatches`` (the default) visits the train list as seeded
+epochs and sends each step as one chunk. ``ClientBatches`` is the paper's horizontal setting
+simulated in one party pair: every sample belongs to a client (a writer, a speaking role, ...),
+step t samples ``clients_per_step`` clients and ``batch_size`` rows of each, and every client's
+rows form their own chunk, quantized with their own codebook.
 """
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 __all__ = [
     "DIGEST_BYTES",
+    "BatchSchedule",
+    "ClientBatches",
+    "ShuffledBatches",
+    "StepBatch",
     "batch_digest",
     "batch_positions",
     "split_train_eval",
@@ -77,3 +89,84 @@ def batch_digest(ids: Sequence[bytes]) -> bytes:
         h.update(len(item).to_bytes(2, "big"))
         h.update(item)
     return h.digest()[:DIGEST_BYTES]
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch schedules: which train positions step t uses, and how they are cut into chunks
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """The rows of one training step.
+
+    positions:   (rows,) int64 positions into the train list, in request row order
+    chunk_sizes: rows of each independently quantized chunk, in order; they add up to rows
+    """
+
+    positions: np.ndarray
+    chunk_sizes: tuple[int, ...]
+
+
+class BatchSchedule(Protocol):
+    """What both parties build from the run config: the batch of every step."""
+
+    def batch(self, step: int) -> StepBatch: ...
+
+
+@dataclass(frozen=True)
+class ShuffledBatches:
+    """Seeded epochs over the train list, ``batch_size`` rows per step, one chunk."""
+
+    n: int  # length of the train list
+    batch_size: int
+    seed: int
+
+    def batch(self, step: int) -> StepBatch:
+        positions = batch_positions(step, batch_size=self.batch_size, n=self.n, seed=self.seed)
+        return StepBatch(positions, (self.batch_size,))
+
+
+class ClientBatches:
+    """The paper's horizontal setting: a few clients per step, each its own chunk.
+
+    ``groups[i]`` names the client of train position i. Step t draws ``clients_per_step``
+    distinct clients uniformly (all of them if there are fewer), in ascending order of client
+    name, and from each client ``min(batch_size, its rows)`` distinct rows uniformly; each
+    client's rows are one chunk. Everything is drawn from (seed, step) alone, so both parties
+    get the same batch from the same groups without exchanging anything.
+    """
+
+    def __init__(
+        self, groups: Sequence[str], *, clients_per_step: int, batch_size: int, seed: int
+    ) -> None:
+        if clients_per_step < 1 or batch_size < 1:
+            raise ValueError(
+                f"clients_per_step and batch_size must be >= 1, got {clients_per_step}, "
+                f"{batch_size}"
+            )
+        if len(groups) == 0:
+            raise ValueError("the client schedule needs at least one train row")
+        names, codes = np.unique(np.asarray(groups, dtype=str), return_inverse=True)
+        order = np.argsort(codes, kind="stable")  # positions grouped by client, ascending
+        bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+        self.clients: list[str] = names.tolist()
+        self._members = [
+            order[lo:hi].astype(np.int64) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+        self.clients_per_step = clients_per_step
+        self.batch_size = batch_size
+        self.seed = seed
+
+    def batch(self, step: int) -> StepBatch:
+        if step < 1:
+            raise ValueError(f"steps are numbered from 1, got {step}")
+        rng = np.random.default_rng([self.seed, 0xC11E7, step])
+        k = min(self.clients_per_step, len(self._members))
+        chosen = np.sort(rng.choice(len(self._members), size=k, replace=False))
+        parts = []
+        for client in chosen.tolist():
+            members = self._members[client]
+            take = rng.permutation(len(members))[: self.batch_size]
+            parts.append(members[take])
+        return StepBatch(np.concatenate(parts), tuple(len(p) for p in parts))

@@ -1,0 +1,324 @@
+"""One training run through the product's own two parties, recorded as a JSON-able dict.
+
+Party A is ``party_a.trainer.PartyATrainer`` with its local SQLite store; party B is
+``party_b.service.RunService`` on its own SQLite file, reached either in-process
+(``experiments.inprocess.InProcessTransport``) or over real HTTP (``fedlite-b serve`` in a
+subprocess, ``party_a.client.HttpTransport``). No step is re-implemented here: this module
+only builds the config, evaluates every ``eval_every`` steps and counts bits.
+
+A run is described by a flat dict (see ``RunConfig``), stored verbatim with its results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+
+from experiments.inprocess import InProcessTransport, in_process_party_b
+from experiments.tasks import TASK_ENV, TaskData, load_task
+from party_a.bottom import StepResult
+from party_a.client import HttpTransport, Transport
+from party_a.config import load_config
+from party_a.state import LocalStore
+from party_a.trainer import PartyATrainer, TrainSummary
+from shared.accounting import PAPER_PHI, paper_message_bits, pq_step_request_bytes
+from shared.models import build_bottom, cut_dim
+
+__all__ = ["RunConfig", "run_split", "bottom_parameters", "paper_uplink_bits"]
+
+HTTP_TOKEN = "experiments-http-token-0123456789"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One split-learning run (FedLite or SplitFed) of one task."""
+
+    task: str  # experiments.tasks name
+    method: str  # "fedlite" (PQ + correction) or "splitfed" (raw activations)
+    steps: int
+    batch_size: int  # rows per client per step ('clients' schedule) or per step
+    lr_bottom: float
+    lr_top: float
+    optimizer: str  # "sgd", "adagrad" or "adam", both parties
+    seed: int = 0
+    q: int | None = None
+    L: int | None = None
+    R: int = 1
+    lam: float = 0.0  # gradient correction lambda (party A)
+    clients_per_step: int | None = None  # None = the shuffled single-chunk schedule
+    eval_fraction: float = 0.1
+    eval_every: int = 100
+    kmeans_iterations: int = 10
+    use_side_features: bool = True
+    task_options: dict[str, Any] = field(default_factory=dict)
+    transport: str = "inprocess"  # or "http"
+    save_bottom: bool = False  # keep party A's trained bottom (<key>.bottom.pt) for Fig. 2
+
+    @property
+    def key(self) -> str:
+        """A readable file name that identifies the run within its sweep."""
+        parts = [self.task, self.method]
+        if self.method == "fedlite":
+            parts += [f"q{self.q}", f"L{self.L}", f"R{self.R}", f"lam{self.lam:g}"]
+        parts += [f"lr{self.lr_bottom:.3g}", f"s{self.seed}", f"T{self.steps}"]
+        if self.transport != "inprocess":
+            parts.append(self.transport)
+        return "-".join(parts)
+
+    def party_a_config(self, task: TaskData) -> dict[str, Any]:
+        """Dotted overrides for ``party_a.config.load_config``."""
+        optimizer: dict[str, Any] = {"name": self.optimizer}
+        overrides: dict[str, Any] = {
+            "run.name": self.key,
+            "run.model": task.model,
+            "run.steps": self.steps,
+            "run.batch_size": self.batch_size,
+            "run.seed": self.seed,
+            "run.checkpoint_interval": self.steps,  # one checkpoint, at the end
+            "run.eval_fraction": self.eval_fraction,
+            "run.use_side_features": self.use_side_features,
+            "model.bottom": task.bottom,
+            "model.top": task.top,
+            "optimizer.bottom": {**optimizer, "lr": self.lr_bottom},
+            "optimizer.top": {**optimizer, "lr": self.lr_top},
+        }
+        if self.clients_per_step is not None:
+            overrides["run.schedule"] = {
+                "kind": "clients",
+                "clients_per_step": self.clients_per_step,
+            }
+        if self.method == "fedlite":
+            overrides.update(
+                {
+                    "quantizer.mode": "pq",
+                    "quantizer.q": self.q,
+                    "quantizer.L": self.L,
+                    "quantizer.R": self.R,
+                    "quantizer.lambda": self.lam,
+                    "quantizer.iterations": self.kmeans_iterations,
+                }
+            )
+        elif self.method == "splitfed":
+            overrides["quantizer.mode"] = "raw"
+        else:
+            raise ValueError(f"run_split runs fedlite or splitfed, not {self.method!r}")
+        return overrides
+
+
+def bottom_parameters(task: TaskData) -> int:
+    """Trainable parameters of party A's bottom model (the paper's |w_c|)."""
+    model = build_bottom(task.model, **task.bottom)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def paper_uplink_bits(
+    config: RunConfig, d: int, chunk_sizes: tuple[int, ...], client_model_params: int
+) -> tuple[float, float, float]:
+    """The paper's uplink bits of one step, phi = 64: (activation message, same for SplitFed,
+    client-model synchronisation). Each chunk is one client's message; every client of the
+    step also uploads its client-model gradient (SplitFed step 4), |w_c| floats."""
+    message = raw = 0.0
+    for b in chunk_sizes:
+        if config.method == "fedlite":
+            assert config.q is not None and config.L is not None
+            size = paper_message_bits(d=d, batch=b, q=config.q, L=config.L, R=config.R)
+            message += size.total_bits
+            raw += size.raw_bits
+        else:
+            message += PAPER_PHI * d * b
+            raw += PAPER_PHI * d * b
+    sync = float(len(chunk_sizes) * client_model_params * PAPER_PHI)
+    return message, raw, sync
+
+
+# ---------------------------------------------------------------------------------------------
+# Party B: in-process, or fedlite-b serve in a subprocess
+# ---------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def http_party_b(config: RunConfig, workdir: Path) -> Iterator[str]:
+    """``fedlite-b serve --label-source experiments.tasks:label_source_from_env`` on a free
+    port, one torch thread (so its arithmetic matches the in-process run); yields its URL."""
+    port = _free_port()
+    env = {
+        **os.environ,
+        TASK_ENV: json.dumps({"task": config.task, "options": config.task_options}),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    cmd = [
+        sys.executable, "-m", "party_b.cli", "serve",
+        "--port", str(port),
+        "--data-dir", str(workdir / "party_b"),
+        "--label-source", "experiments.tasks:label_source_from_env",
+        "--tokens", f"experiments:{HTTP_TOKEN}",
+        "--torch-threads", "1",
+        "--worker-threads", "1",
+        "--log-level", "warning",
+    ]  # fmt: skip
+    log_path = workdir / "party_b.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"party B exited:\n{log_path.read_text()}")
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"party B did not start:\n{log_path.read_text()}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def _transport(config: RunConfig, task: TaskData, workdir: Path) -> Iterator[tuple[Transport, str]]:
+    if config.transport == "inprocess":
+        service, caller = in_process_party_b(task.labels, workdir / "party_b.sqlite")
+        yield InProcessTransport(service, caller), "in-process"
+    elif config.transport == "http":
+        with http_party_b(config, workdir) as url, HttpTransport(url, HTTP_TOKEN) as transport:
+            yield transport, url
+    else:
+        raise ValueError(f"unknown transport {config.transport!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# One run
+# ---------------------------------------------------------------------------------------------
+
+
+def run_split(
+    config: RunConfig, workdir: Path | None = None, artifacts: Path | None = None
+) -> dict[str, Any]:
+    """Train one FedLite / SplitFed run end to end; returns the record (config + results).
+
+    With ``config.save_bottom``, party A's trained bottom model is saved to
+    ``artifacts/<key>.bottom.pt`` (a plain state dict).
+
+    ``curve`` holds one row per evaluation: step, the held-out metrics (party B computes
+    them), cumulative uplink bits in the paper's accounting and measured request bytes.
+    """
+    task = load_task(config.task, **config.task_options)
+    own_dir = workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="fedlite-exp-")) if workdir is None else workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    party_a = load_config(None, config.party_a_config(task))
+    d = cut_dim(task.model, **task.bottom)
+    w_c = bottom_parameters(task)
+    per_sample = int(task.labels.targets(np.arange(1)).shape[0])  # T rows per sequence
+    curve: list[dict[str, Any]] = []
+    totals = {"message": 0.0, "raw": 0.0, "sync": 0.0, "wire": 0, "steps": 0, "rows": 0}
+    losses: list[float] = []
+    started = time.perf_counter()
+    try:
+        with _transport(config, task, workdir) as (transport, server):
+            trainer = PartyATrainer(
+                config=party_a,
+                features=task.features,
+                transport=transport,
+                store=LocalStore.in_directory(workdir / "party_a"),
+                server=server,
+            )
+
+            def evaluate(step: int, summary: TrainSummary) -> None:
+                answer = trainer.evaluate()
+                curve.append(
+                    {
+                        "step": step,
+                        "train_loss": float(np.mean(losses)) if losses else None,
+                        "eval_loss": answer.loss,
+                        "eval_n": answer.n,
+                        **{f"eval_{k}": v for k, v in answer.metrics.items()},
+                        "paper_message_bits": totals["message"],
+                        "paper_raw_bits": totals["raw"],
+                        "paper_sync_bits": totals["sync"],
+                        "wire_bytes": summary.bytes_sent,
+                        "wire_raw_bytes": summary.raw_bytes,
+                        "seconds": time.perf_counter() - started,
+                    }
+                )
+                losses.clear()
+
+            def on_step(result: StepResult, summary: TrainSummary) -> None:
+                sizes = tuple(per_sample * b for b in trainer.batch(result.step).chunk_sizes)
+                message, raw, sync = paper_uplink_bits(config, d, sizes, w_c)
+                totals["message"] += message
+                totals["raw"] += raw
+                totals["sync"] += sync
+                totals["steps"] += 1
+                totals["rows"] += sum(sizes)
+                losses.append(result.loss)
+                if result.step % config.eval_every == 0 or result.step == config.steps:
+                    evaluate(result.step, summary)
+
+            trainer.on_step = on_step
+            try:
+                trainer.prepare()
+                summary = trainer.train()
+                trainer.finish()
+                if config.save_bottom and artifacts is not None:
+                    torch.save(
+                        trainer.bottom.model.state_dict(), artifacts / f"{config.key}.bottom.pt"
+                    )
+            finally:
+                trainer.close()
+    finally:
+        if own_dir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    final = curve[-1]
+    record: dict[str, Any] = {
+        "key": config.key,
+        "config": asdict(config),
+        "task_notes": task.notes,
+        "cut_dim": d,
+        "client_model_params": w_c,
+        "final": {k: v for k, v in final.items() if k.startswith("eval_")},
+        "curve": curve,
+        "steps": summary.last_step,
+        "rows_per_step": totals["rows"] / max(totals["steps"], 1),
+        "paper_ratio": totals["raw"] / totals["message"] if totals["message"] else 1.0,
+        "wire_ratio": summary.compression,
+        "wire_bytes": summary.bytes_sent,
+        "wire_raw_bytes": summary.raw_bytes,
+        "seconds": time.perf_counter() - started,
+    }
+    if config.method == "fedlite" and config.clients_per_step is None:
+        assert config.q is not None and config.L is not None
+        record["wire_step_bytes"] = pq_step_request_bytes(
+            d=d, batch=config.batch_size, q=config.q, L=config.L, R=config.R
+        )
+    return record

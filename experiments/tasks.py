@@ -1,0 +1,394 @@
+"""The experiments' data: each task's party A features and party B labels, from ../shared/data.
+
+Every task is a pair (``FeatureTable`` for party A, a ``LabelSource`` for party B) keyed by the
+same sample ids, exactly what the product's two parties hold. The horizontal tasks also give
+both sides the client of every sample (a FEMNIST writer, a Shakespeare speaking role, a
+synthetic Stack Overflow client), which the 'clients' batch schedule needs.
+
+| task          | party A (features)                 | party B (labels)                          |
+|---------------|------------------------------------|-------------------------------------------|
+| femnist       | 28x28 images, pixels in [0, 1]     | 62 classes                                |
+| so_tag        | binary bag of words of the title   | 100 tags, multi-hot (Recall@5)            |
+| shakespeare   | 30 word ids per sequence           | the next word of each position (-100 pad) |
+| breast        | FATE breast_hetero host columns    | FATE guest: label + its own 10 columns    |
+| default_credit| FATE default_credit host columns   | FATE guest: label + its own 13 columns    |
+
+The data is read from ``$FEDLITE_DATA`` or the read-only ``../shared/data`` beside the
+repository and never copied. Loaders are cached per process.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import gzip
+import json
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from party_a.features import FeatureTable, load_features
+from party_b.labels import LabelSource, load_label_table
+
+__all__ = [
+    "ClassLabels",
+    "TASKS",
+    "TagLabels",
+    "TaskData",
+    "TokenLabels",
+    "data_dir",
+    "label_source_from_env",
+    "load_task",
+]
+
+TASK_ENV = "FEDLITE_EXPERIMENT_TASK"  # JSON {"task": ..., "options": {...}} for party B's factory
+PAD, OOV, BOS, EOS = 0, 1, 2, 3  # Shakespeare special tokens; words start at 4
+IGNORE = -100  # sequence targets that take no part in loss or accuracy (party_b.top.IGNORE)
+
+
+def data_dir() -> Path:
+    """``$FEDLITE_DATA``, else ``../shared/data`` next to this repository."""
+    env = os.environ.get("FEDLITE_DATA")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+# ---------------------------------------------------------------------------------------------
+# Label sources (party B): the LabelSource protocol of party_b.labels
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClassLabels:
+    """One class per row: targets (n,) int64."""
+
+    row_ids: list[str]
+    labels: np.ndarray  # (n,) int64
+    num_outputs: int
+    row_groups: list[str] | None = None
+    task: Literal["classification"] = "classification"
+    side_width: int = 0
+    accuracy_excludes: tuple[int, ...] = ()
+
+    @property
+    def ids(self) -> list[str]:
+        return self.row_ids
+
+    @property
+    def groups(self) -> list[str] | None:
+        return self.row_groups
+
+    def targets(self, rows: np.ndarray) -> Tensor:
+        return torch.from_numpy(self.labels[rows])
+
+    def side(self, rows: np.ndarray) -> Tensor:
+        return torch.zeros((len(rows), 0))
+
+
+@dataclass(frozen=True)
+class TagLabels:
+    """Several tags per row: targets (n, tags) float32 multi-hot."""
+
+    row_ids: list[str]
+    tags: np.ndarray  # (n, num_tags) uint8
+    row_groups: list[str] | None = None
+    task: Literal["multilabel"] = "multilabel"
+    side_width: int = 0
+    accuracy_excludes: tuple[int, ...] = ()
+
+    @property
+    def ids(self) -> list[str]:
+        return self.row_ids
+
+    @property
+    def num_outputs(self) -> int:
+        return int(self.tags.shape[1])
+
+    @property
+    def groups(self) -> list[str] | None:
+        return self.row_groups
+
+    def targets(self, rows: np.ndarray) -> Tensor:
+        return torch.from_numpy(self.tags[rows].astype(np.float32))
+
+    def side(self, rows: np.ndarray) -> Tensor:
+        return torch.zeros((len(rows), 0))
+
+
+@dataclass(frozen=True)
+class TokenLabels:
+    """The next token of every position: targets (n * T,) int64, row-major, -100 = padding.
+
+    Out-of-vocabulary targets stay in the loss (the model learns to predict OOV) but are left
+    out of accuracy, as in the paper's Stack Overflow next-word task.
+    """
+
+    row_ids: list[str]
+    next_tokens: np.ndarray  # (n, T) int64
+    vocab_size: int  # words + 4 specials
+    row_groups: list[str] | None = None
+    task: Literal["sequence"] = "sequence"
+    side_width: int = 0
+    accuracy_excludes: tuple[int, ...] = (OOV,)
+
+    @property
+    def ids(self) -> list[str]:
+        return self.row_ids
+
+    @property
+    def num_outputs(self) -> int:
+        return self.vocab_size
+
+    @property
+    def groups(self) -> list[str] | None:
+        return self.row_groups
+
+    def targets(self, rows: np.ndarray) -> Tensor:
+        return torch.from_numpy(self.next_tokens[rows].reshape(-1))
+
+    def side(self, rows: np.ndarray) -> Tensor:
+        return torch.zeros((len(rows), 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """Both parties' data of one task and the split model that fits it."""
+
+    name: str
+    model: str  # a shared.models name
+    bottom: dict[str, Any]  # party A's bottom kwargs
+    top: dict[str, Any]  # top kwargs party A sends (party B fills in the output width)
+    features: FeatureTable  # party A
+    labels: LabelSource  # party B
+    notes: dict[str, Any] = field(default_factory=dict)  # sizes, for the records
+
+
+def _freeze(options: dict[str, Any]) -> str:
+    return json.dumps(options, sort_keys=True)
+
+
+def load_task(name: str, **options: Any) -> TaskData:
+    """The task ``name`` (see ``TASKS``) with loader ``options`` (e.g. ``max_clients``)."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known: {sorted(TASKS)}")
+    return _load_cached(name, _freeze(options))
+
+
+@functools.cache
+def _load_cached(name: str, frozen: str) -> TaskData:
+    return TASKS[name](**json.loads(frozen))
+
+
+def label_source_from_env() -> LabelSource:
+    """Party B's factory for ``fedlite-b serve --label-source``: the task named in
+    ``$FEDLITE_EXPERIMENT_TASK`` (JSON ``{"task": ..., "options": {...}}``)."""
+    spec = json.loads(os.environ[TASK_ENV])
+    return load_task(spec["task"], **spec.get("options", {})).labels
+
+
+def _keep_clients(groups: np.ndarray, max_clients: int | None) -> np.ndarray:
+    """Row mask of the first ``max_clients`` clients in name order (smoke tests)."""
+    if max_clients is None:
+        return np.ones(len(groups), dtype=bool)
+    return np.isin(groups, np.unique(groups)[:max_clients])
+
+
+def femnist(*, max_clients: int | None = None) -> TaskData:
+    """FEMNIST (LEAF, 5% non-IID sample): writers are clients.
+
+    Train rows plus the test rows of writers that also have train rows (LEAF's own per-writer
+    90/10 split); the run's ``eval_fraction`` draws the held-out set from these. The 79
+    writers that appear only in test are left out: they have no training data.
+    """
+    npz = np.load(data_dir() / "femnist_leaf_subset" / "femnist_leaf_subset_uint8.npz")
+    in_train = np.isin(npz["writer_test"], npz["writer_train"])
+    x = np.concatenate([npz["x_train"], npz["x_test"][in_train]])
+    y = np.concatenate([npz["y_train"], npz["y_test"][in_train]]).astype(np.int64)
+    writers = np.concatenate([npz["writer_train"], npz["writer_test"][in_train]])
+    keep = _keep_clients(writers, max_clients)
+    x, y, writers = x[keep], y[keep], writers[keep]
+    ids = [f"femnist-{i:05d}" for i in range(len(y))]
+    groups = writers.tolist()
+    pixels = (x.reshape(len(x), 784).astype(np.float32) / 255.0).astype(np.float32)
+    return TaskData(
+        name="femnist",
+        model="femnist_cnn",
+        bottom={},
+        top={},
+        features=FeatureTable(
+            ids=ids, x=pixels, columns=[f"p{i}" for i in range(784)], groups=groups
+        ),
+        labels=ClassLabels(row_ids=ids, labels=y, num_outputs=62, row_groups=groups),
+        notes={"rows": len(ids), "clients": len(set(groups)), "classes": 62},
+    )
+
+
+_SO_TOKEN = re.compile(r"[a-z0-9#+.]+")
+
+
+def so_tag(
+    *,
+    vocab_size: int = 1000,
+    cut_dim: int = 2000,
+    client_rows: int = 125,
+    max_clients: int | None = None,
+) -> TaskData:
+    """Stack Overflow titles -> 100 tags. Binary bag of the ``vocab_size`` most frequent title
+    words (document frequency over all 30,000 rows); the data has no users, so clients are a
+    synthetic IID partition into groups of ``client_rows`` rows (seeded)."""
+    df = pd.read_csv(
+        data_dir() / "stackoverflow_tags_hse" / "validation.tsv.gz",
+        sep="\t",
+        keep_default_na=False,
+    )
+    words = [sorted(set(_SO_TOKEN.findall(t.lower()))) for t in df["title"]]
+    counts = Counter(w for ws in words for w in ws)
+    vocab = {w: i for i, (w, _) in enumerate(counts.most_common(vocab_size))}
+    bag = np.zeros((len(df), len(vocab)), dtype=np.uint8)
+    for row, ws in enumerate(words):
+        bag[row, [vocab[w] for w in ws if w in vocab]] = 1
+    tag_lists = [ast.literal_eval(t) for t in df["tags"]]
+    tag_names = sorted({t for ts in tag_lists for t in ts})
+    tag_index = {t: i for i, t in enumerate(tag_names)}
+    tags = np.zeros((len(df), len(tag_names)), dtype=np.uint8)
+    for row, ts in enumerate(tag_lists):
+        tags[row, [tag_index[t] for t in ts]] = 1
+    order = np.random.default_rng(0x50).permutation(len(df))
+    client_of = np.empty(len(df), dtype=np.int64)
+    client_of[order] = np.arange(len(df)) // client_rows
+    groups_all = np.array([f"so{c:04d}" for c in client_of])
+    keep = _keep_clients(groups_all, max_clients)
+    ids = [f"so-{i:05d}" for i in np.flatnonzero(keep)]
+    groups = groups_all[keep].tolist()
+    return TaskData(
+        name="so_tag",
+        model="so_tag",
+        bottom={"vocab_size": len(vocab), "cut_dim": cut_dim},
+        top={},
+        features=FeatureTable(ids=ids, x=bag[keep], columns=list(vocab), groups=groups),
+        labels=TagLabels(row_ids=ids, tags=tags[keep], row_groups=groups),
+        notes={
+            "rows": len(ids),
+            "clients": len(set(groups)),
+            "vocab": len(vocab),
+            "tags": len(tag_names),
+        },
+    )
+
+
+_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?|[.,!?;:]")
+
+
+def shakespeare(
+    *,
+    vocab_words: int = 2000,
+    seq_len: int = 30,
+    hidden: int = 256,
+    max_clients: int | None = None,
+) -> TaskData:
+    """Federated Shakespeare (TFF), word-level next-token prediction; clients = speaking roles.
+
+    Each role's snippets (train and test files together, in order) become one token stream
+    ``<bos> words <eos> <bos> ...`` of lower-cased words and punctuation, cut into sequences
+    of ``seq_len`` + 1 tokens (the last one padded). Input: the first ``seq_len`` tokens;
+    target: the next token of each position, -100 where the input is padding. Vocabulary: the
+    ``vocab_words`` most frequent words over the train file, plus pad / oov / bos / eos.
+    """
+    root = data_dir() / "shakespeare_tff"
+    streams: dict[str, list[str]] = {}
+    train_counts: Counter[str] = Counter()
+    for split in ("train", "test"):
+        with gzip.open(root / f"shakespeare_{split}.jsonl.gz", "rt") as fh:
+            for line in fh:
+                row = json.loads(line)
+                words = _WORD.findall(row["snippet"].lower())
+                if not words:
+                    continue
+                streams.setdefault(row["client_id"], []).extend(["<bos>", *words, "<eos>"])
+                if split == "train":
+                    train_counts.update(words)
+    vocab = {w: i + 4 for i, (w, _) in enumerate(train_counts.most_common(vocab_words))}
+    special = {"<bos>": BOS, "<eos>": EOS}
+    clients = sorted(streams)
+    if max_clients is not None:
+        clients = clients[:max_clients]
+    inputs, targets, groups = [], [], []
+    for client in clients:
+        tokens = np.array([special.get(w, vocab.get(w, OOV)) for w in streams[client]])
+        for start in range(0, len(tokens) - 1, seq_len):
+            window = tokens[start : start + seq_len + 1]
+            x = np.full(seq_len, PAD, dtype=np.int64)
+            y = np.full(seq_len, IGNORE, dtype=np.int64)
+            x[: len(window) - 1] = window[:-1]
+            y[: len(window) - 1] = window[1:]
+            inputs.append(x)
+            targets.append(y)
+            groups.append(client)
+    ids = [f"sh-{i:06d}" for i in range(len(inputs))]
+    vocab_size = len(vocab) + 4
+    return TaskData(
+        name="shakespeare",
+        model="next_token_lstm",
+        bottom={"vocab_size": vocab_size, "embed_dim": 96, "hidden": hidden, "cut_dim": 96},
+        top={},
+        features=FeatureTable(
+            ids=ids, x=np.stack(inputs), columns=[f"t{i}" for i in range(seq_len)], groups=groups
+        ),
+        labels=TokenLabels(
+            row_ids=ids, next_tokens=np.stack(targets), vocab_size=vocab_size, row_groups=groups
+        ),
+        notes={"rows": len(ids), "clients": len(clients), "vocab": vocab_size, "seq_len": seq_len},
+    )
+
+
+def _fate(pair: str, *, hidden: int = 64, cut_dim: int = 32) -> TaskData:
+    """FATE's hetero pair read by the product's own loaders: guest = party B, host = party A."""
+    root = data_dir() / "fate_hetero"
+    labels = load_label_table(
+        root / f"{pair}_hetero_guest.csv.gz", id_column="id", label_column="y", feature_columns=None
+    )
+    features = load_features(
+        root / f"{pair}_hetero_host.csv.gz", id_column="id", feature_columns=None, standardize=True
+    )
+    return TaskData(
+        name=pair,
+        model="tabular_mlp",
+        bottom={"in_features": features.x.shape[1], "hidden": [hidden], "cut_dim": cut_dim},
+        top={"hidden": [32]},
+        features=features,
+        labels=labels,
+        notes={
+            "rows": len(features.ids),
+            "host_features": int(features.x.shape[1]),
+            "guest_features": labels.side_width,
+        },
+    )
+
+
+def breast(**options: Any) -> TaskData:
+    return _fate("breast", **options)
+
+
+def default_credit(**options: Any) -> TaskData:
+    return _fate("default_credit", **options)
+
+
+TASKS = {
+    "femnist": femnist,
+    "so_tag": so_tag,
+    "shakespeare": shakespeare,
+    "breast": breast,
+    "default_credit": default_credit,
+}

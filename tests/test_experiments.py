@@ -1,0 +1,77 @@
+"""Smoke versions of every experiment sweep (a few steps on a few clients), so the harness
+that produces docs/RESULTS.md cannot rot; and its HTTP spot check."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from experiments.sweep import load_records, run_sweep, write_summary
+from experiments.sweeps import SWEEPS
+from tests.utils.data import shared_data
+
+
+@pytest.fixture(autouse=True)
+def _data_present() -> None:
+    shared_data()  # skip (or fail under CI) without ../shared/data
+
+
+# one smoke run per distinct smoke sweep (femnist_long shares femnist's)
+SMOKES = [
+    n
+    for i, n in enumerate(SWEEPS)
+    if SWEEPS[n].smoke not in [SWEEPS[m].smoke for m in list(SWEEPS)[:i]]
+]
+
+
+@pytest.mark.parametrize("name", SMOKES)
+def test_smoke_sweep_runs_every_kind_of_run_and_resumes(name: str, tmp_path: Path) -> None:
+    failed = run_sweep(name, out=tmp_path, jobs=1, smoke=True)
+
+    records = load_records(tmp_path / name)
+    assert failed == []
+    assert len(records) == len(SWEEPS[name].jobs(smoke=True))
+    for record in records:
+        final = record["final"]
+        assert final, record["key"]
+        assert all(math.isfinite(v) for v in final.values()), final
+        assert record["curve"][-1]["step"] == record["curve"][-1]["step"]
+    fedlite = [r for r in records if r["config"]["method"] == "fedlite"]
+    assert all(r["paper_ratio"] > 1 and r["wire_ratio"] > 0 for r in fedlite)
+    summary = (tmp_path / name / "summary.csv").read_text().splitlines()
+    assert len(summary) == len(records) + 1
+    # a second invocation finds every record and runs nothing
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / name).glob("*.json")}
+    assert run_sweep(name, out=tmp_path, jobs=1, smoke=True) == []
+    assert before == {p.name: p.stat().st_mtime_ns for p in (tmp_path / name).glob("*.json")}
+
+
+@pytest.mark.slow
+def test_http_spot_check_gives_the_in_process_numbers(tmp_path: Path) -> None:
+    """fedlite-b serve in a subprocess and the in-process service train bit-identically."""
+    failed = run_sweep("vertical", out=tmp_path, jobs=1, smoke=True, http=True)
+
+    records = {r["config"]["transport"]: r for r in load_records(tmp_path / "vertical-http")}
+    assert failed == [] and set(records) == {"inprocess", "http"}
+    verdict = json.loads((tmp_path / "vertical-http" / "http_check.txt").read_text())
+    assert verdict["identical"] is True
+    assert records["http"]["final"] == records["inprocess"]["final"]
+
+
+def test_summary_lists_every_record(tmp_path: Path) -> None:
+    directory = tmp_path / "s"
+    directory.mkdir()
+    for i in range(2):
+        record = {
+            "key": f"k{i}",
+            "config": {"method": "splitfed", "seed": i, "task_options": {}},
+            "final": {"eval_auc": 0.5 + i / 10},
+            "seconds": 1.0,
+        }
+        (directory / f"k{i}.json").write_text(json.dumps(record))
+
+    lines = write_summary(directory).read_text().splitlines()
+
+    assert lines[0].split(",") == ["key", "method", "seed", "eval_auc", "seconds"]
+    assert lines[2].startswith("k1,splitfed,1,0.6")
