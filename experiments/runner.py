@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import torch
 
@@ -36,6 +35,7 @@ from party_a.client import HttpTransport, Transport
 from party_a.config import load_config
 from party_a.state import LocalStore
 from party_a.trainer import PartyATrainer, TrainSummary
+from party_b.launch import wait_until_healthy
 from shared.accounting import PAPER_PHI, paper_message_bits, pq_step_request_bytes
 from shared.models import build_bottom, cut_dim
 
@@ -182,18 +182,7 @@ def http_party_b(config: RunConfig, workdir: Path) -> Iterator[str]:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"party B exited:\n{log_path.read_text()}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"party B did not start:\n{log_path.read_text()}")
-            time.sleep(0.2)
+        wait_until_healthy(url, proc, log_path=log_path, timeout=120, poll_seconds=0.2)
         yield url
     finally:
         proc.terminate()

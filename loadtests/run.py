@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from loadtests.scenarios import DEFAULT_IDS, SCENARIOS, write_label_table
+from party_b.launch import wait_until_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
@@ -72,18 +73,7 @@ def party_b(
     log = (data_dir / "party_b.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"party B exited: {(data_dir / 'party_b.log').read_text()}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("party B did not come up in 60 s")
-            time.sleep(0.1)
+        wait_until_healthy(url, proc, log_path=data_dir / "party_b.log", timeout=60)
         yield url
     finally:
         proc.send_signal(signal.SIGTERM)

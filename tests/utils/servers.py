@@ -3,12 +3,12 @@
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from party_b.launch import wait_until_healthy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +47,7 @@ class PartyBProcess:
     def url(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60.0, verify: object = True) -> None:
+    def start(self, timeout: float = 60.0, verify: ssl.SSLContext | bool = True) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
             sys.executable, "-m", self.module, "serve",
@@ -67,18 +67,13 @@ class PartyBProcess:
             cwd=REPO_ROOT,
         )
         log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"party B exited ({self.proc.returncode}):\n{self.log()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0, verify=verify).status_code == 200:  # type: ignore[arg-type]
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()  # never leave a half-started server behind
-        raise RuntimeError(f"party B did not come up in {timeout} s:\n{self.log()}")
+        try:
+            wait_until_healthy(
+                self.url, self.proc, log_path=self.log_path, timeout=timeout, verify=verify
+            )
+        except RuntimeError:
+            self.stop()  # never leave a half-started server behind
+            raise
 
     def kill9(self) -> None:
         assert self.proc is not None
