@@ -10,6 +10,7 @@ gradient), and reports median microseconds over repeats and the exact bytes on t
 
 import argparse
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,8 @@ def main() -> None:
         row: dict[str, Any] = {"tag": shape.tag, "batch": shape.batch, "d": shape.d}
         for name, (message, encode, decode) in messages(z, shape).items():
             data = encode(message)
-            enc = summary_ms(timed(lambda m=message, e=encode: e(m), args.repeats, warmup=5))
-            dec = summary_ms(timed(lambda d=data, f=decode: f(d), args.repeats, warmup=5))
+            enc = summary_ms(timed(partial(encode, message), args.repeats, warmup=5))
+            dec = summary_ms(timed(partial(decode, data), args.repeats, warmup=5))
             row[name] = {
                 "bytes": len(data),
                 "encode_us": 1000 * enc["median_ms"],

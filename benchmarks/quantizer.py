@@ -89,7 +89,8 @@ def femnist_batch(batch: int, seed: int) -> torch.Tensor:
     bottom = build_bottom("femnist_cnn").eval()
     x, _ = femnist_images(batch, seed)
     with torch.no_grad():
-        return bottom(x)
+        out: torch.Tensor = bottom(x)
+    return out
 
 
 def _text() -> str:
@@ -111,7 +112,8 @@ def nwp_batch(rows: int, seed: int) -> torch.Tensor:
     tokens = torch.tensor(list(text[:rows]), dtype=torch.int64) % 128
     bottom = build_bottom("next_token_lstm", vocab_size=128).eval()
     with torch.no_grad():
-        return bottom(tokens.reshape(rows // NWP_SEQ_LEN, NWP_SEQ_LEN))
+        out: torch.Tensor = bottom(tokens.reshape(rows // NWP_SEQ_LEN, NWP_SEQ_LEN))
+    return out
 
 
 # ------------------------------------------------------------------------------ methods

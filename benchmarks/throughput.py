@@ -104,7 +104,7 @@ def over_http(
     )  # fmt: skip
     code, summary = loadrun.run(args)
     steps = {k: v for k, v in summary.get("locust", {}).items() if "/steps" in k}
-    step = next(iter(steps.values()), {})
+    step: dict[str, Any] = next(iter(steps.values()), {})
     return {
         "users": users,
         "exit_code": code,

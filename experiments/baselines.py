@@ -145,7 +145,7 @@ def run_fedavg(config: FedAvgConfig) -> dict[str, Any]:
                     logits = local(_inputs(task, batch))
                     loss, _n = top_eval._loss(logits, task.labels.targets(batch))
                     optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
+                    loss.backward()  # type: ignore[no-untyped-call]
                     optimizer.step()
                     losses.append(float(loss.detach()))
             states.append(local.state_dict())

@@ -79,7 +79,8 @@ def nwp_batch() -> torch.Tensor:
     names, counts = np.unique(groups, return_counts=True)
     rows = np.flatnonzero(groups == names[counts.argmax()])[:128]
     with torch.no_grad():
-        return model(torch.from_numpy(task.features.x[rows]).long())
+        out: torch.Tensor = model(torch.from_numpy(task.features.x[rows]).long())
+    return out
 
 
 def measure(batches: list[torch.Tensor]) -> list[dict[str, Any]]:

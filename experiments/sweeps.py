@@ -40,10 +40,10 @@ class Sweep:
 
 
 def _grid(
-    base: RunConfig, qs: list[int], ls: list[int], lams: list[float], **extra: int
+    base: RunConfig, qs: list[int], ls: list[int], lams: list[float], R: int = 1
 ) -> list[Job]:
     return [
-        replace(base, method="fedlite", q=q, L=L, lam=lam, **extra)
+        replace(base, method="fedlite", q=q, L=L, lam=lam, R=R)
         for q, L, lam in itertools.product(qs, ls, lams)
     ]
 

@@ -26,6 +26,7 @@ import json
 import os
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -385,7 +386,7 @@ def default_credit(**options: Any) -> TaskData:
     return _fate("default_credit", **options)
 
 
-TASKS = {
+TASKS: dict[str, Callable[..., TaskData]] = {
     "femnist": femnist,
     "so_tag": so_tag,
     "shakespeare": shakespeare,

@@ -46,7 +46,7 @@ log = logging.getLogger("loadtests")
 STEP_ROUTE = "/v1/runs/[id]/steps"
 
 
-@events.init_command_line_parser.add_listener
+@events.init_command_line_parser.add_listener  # type: ignore[untyped-decorator]
 def _arguments(parser: Any) -> None:
     parser.add_argument("--labels-csv", help="party B's label table (its ids are aligned)")
     parser.add_argument("--token", default="loadtest-token-0123456789", help="bearer token")
@@ -109,7 +109,7 @@ class _RunUser(FastHttpUser):
         body = self.schedule.body(step)
         with self.client.post(
             f"/v1/runs/{self.run_id}/steps",
-            data=body,
+            data=body,  # type: ignore[arg-type]  # bytes work; the stub is too narrow
             headers=self.msgpack_headers,
             name=f"{STEP_ROUTE} {self.scenario.name}",
             catch_response=True,
@@ -180,9 +180,10 @@ def _step_totals(environment: Environment) -> Totals:
     )
 
 
-@events.quitting.add_listener
+@events.quitting.add_listener  # type: ignore[untyped-decorator]
 def _slo_gate(environment: Environment, **_kwargs: Any) -> None:
     options = environment.parsed_options
+    assert options is not None  # set by locust's command line before any event fires
     totals = _step_totals(environment)
     problems = violations(
         totals, max_fail_ratio=options.max_fail_ratio, max_p99_ms=options.max_p99_ms
