@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from party_b.store import ApiToken
+from party_b.store import ApiToken, RevokedToken
 
 __all__ = ["authenticate", "hash_token", "issue_token", "register_token", "revoke_token"]
 
@@ -34,13 +34,15 @@ def issue_token(session: Session, name: str) -> str:
 def register_token(session: Session, name: str, token: str) -> bool:
     """Store ``token`` under ``name``, replacing that name's token; returns whether it is active.
 
-    A revoked token stays revoked: registering the very same token again (as every start-up
-    does with FEDLITE_B_TOKENS) must not bring it back. A new token for the name is a new
-    credential and is active.
+    A revoked token stays revoked for good: registering it again (as every start-up does with
+    FEDLITE_B_TOKENS), even after its name got a new token, changes nothing and returns False.
+    Any other new token for the name is a new credential and is active.
     """
     if len(token) < MIN_TOKEN_LENGTH:
         raise ValueError(f"token for {name!r} is shorter than {MIN_TOKEN_LENGTH} characters")
     digest = hash_token(token)
+    if session.get(RevokedToken, digest) is not None:
+        return False
     clash = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == digest))
     if clash is not None and clash.name != name:
         raise ValueError(f"that token is already registered under another name ({clash.name!r})")
@@ -48,8 +50,12 @@ def register_token(session: Session, name: str, token: str) -> bool:
     if row is None:
         session.add(ApiToken(name=name, token_sha256=digest))
     elif row.token_sha256 == digest and row.revoked_at is not None:
+        _remember_revoked(session, row)  # revoked before the revoked_tokens table existed
+        session.commit()
         return False
-    else:
+    elif row.token_sha256 != digest:
+        if row.revoked_at is not None:
+            _remember_revoked(session, row)
         row.token_sha256 = digest
         row.revoked_at = None
     session.commit()
@@ -61,8 +67,14 @@ def revoke_token(session: Session, name: str) -> bool:
     if row is None or row.revoked_at is not None:
         return False
     row.revoked_at = datetime.now(UTC)
+    _remember_revoked(session, row)
     session.commit()
     return True
+
+
+def _remember_revoked(session: Session, row: ApiToken) -> None:
+    if session.get(RevokedToken, row.token_sha256) is None:
+        session.add(RevokedToken(token_sha256=row.token_sha256, name=row.name))
 
 
 def authenticate(session: Session, token: str) -> ApiToken | None:

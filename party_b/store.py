@@ -135,6 +135,22 @@ class EvalResult(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
+class RevokedToken(Base):
+    """The SHA-256 of every token ever revoked, kept after its name gets a new token.
+
+    ``api_tokens`` holds one (current) token per name; without this table, revoking a leaked
+    token and issuing a new one under the same name forgot the old hash, and the next start-up
+    that registered the old token from FEDLITE_B_TOKENS brought it back. A table of its own so
+    that an older database gains it with ``create_all``, without a migration.
+    """
+
+    __tablename__ = "revoked_tokens"
+
+    token_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(120))
+    revoked_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
 class IdempotencyKey(Base):
     """The ``Idempotency-Key`` of the POST that created a run, per token.
 

@@ -117,6 +117,30 @@ def test_tokens_are_checked_with_a_constant_time_comparison(
     assert calls == [(auth.hash_token(TOKEN), auth.hash_token(TOKEN))]
 
 
+def test_a_revoked_token_stays_revoked_after_its_name_gets_a_new_one(tmp_path: Path) -> None:
+    """Revoke a leaked token, issue a new one under the same name, restart (which registers
+    the configured, leaked token again): the leaked one stays refused, the new one works."""
+    leaked = "leaked-token-0123456789abcdef"
+    sessions = make_session_factory(make_engine(f"sqlite:///{tmp_path / 'b.sqlite'}"))
+    with sessions() as session:
+        assert auth.register_token(session, "alice", leaked)
+        assert auth.revoke_token(session, "alice")
+        fresh = auth.issue_token(session, "alice")
+
+        assert auth.register_token(session, "alice", leaked) is False  # the next start-up
+        assert auth.authenticate(session, leaked) is None
+        assert auth.authenticate(session, fresh) is not None
+        # and the rotation can go on: revoke the fresh one too, issue a third
+        assert auth.revoke_token(session, "alice")
+        third = auth.issue_token(session, "alice")
+        assert auth.register_token(session, "alice", fresh) is False
+        assert [auth.authenticate(session, t) is not None for t in (leaked, fresh, third)] == [
+            False,
+            False,
+            True,
+        ]
+
+
 # ------------------------------------------------------------------------ revocation
 
 
