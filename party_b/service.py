@@ -760,6 +760,7 @@ class RunService:
         kwargs[_OUTPUT_KWARG[spec.model]] = self._labels.num_outputs
         if "side_features" in top_kwargs(spec.model):
             kwargs["side_features"] = self._labels.side_width if spec.use_side_features else 0
+        self._check_top_sizes(spec.cut_dim, kwargs)
         try:
             # Built on the meta device: validates the kwargs and counts parameters without
             # allocating, so {"hidden": [10**6, 10**6]} is refused instead of exhausting memory.
@@ -767,7 +768,7 @@ class RunService:
                 model = build_top(spec.model, cut_dim=spec.cut_dim, **kwargs)
         except ValueError as exc:
             raise ProblemError.invalid(f"top model: {exc}") from None
-        except (RuntimeError, OverflowError):  # sizes whose byte count overflows 64 bits
+        except (RuntimeError, OverflowError, TypeError):  # sizes that overflow 64 bits
             raise ProblemError.limit(
                 f"the top model {spec.top} is too large to build; this server's limit is "
                 f"{self._limits.max_top_params:,} parameters"
@@ -779,6 +780,35 @@ class RunService:
                 f"{self._limits.max_top_params:,}"
             )
         return kwargs
+
+    def _check_top_sizes(self, cut_dim: int, kwargs: dict[str, Any]) -> None:
+        """Bound every size in the top kwargs before anything is built: a list of a million
+        layers takes minutes to build even on the meta device, and a layer that fits the
+        parameter limit can still need terabytes of activations for a batch of max_batch rows.
+        (Every integer top kwarg of every model is a layer width or an output count.)"""
+        lim = self._limits
+        sizes: list[int] = []
+        for name, value in kwargs.items():
+            values = value if isinstance(value, list) else [value]
+            if isinstance(value, list) and len(value) > lim.max_top_layers:
+                raise ProblemError.limit(
+                    f"top.{name} has {len(value)} entries, over this server's limit "
+                    f"{lim.max_top_layers}"
+                )
+            for v in values:
+                if isinstance(v, bool) or not isinstance(v, int):
+                    continue  # not a size; the build below judges it
+                if v > lim.max_dim:
+                    raise ProblemError.limit(
+                        f"top.{name}={v} is over this server's limit {lim.max_dim} on a width"
+                    )
+                sizes.append(v)
+        floats = lim.max_batch * (cut_dim + sum(sizes))
+        if floats > lim.max_top_activations:
+            raise ProblemError.limit(
+                f"the top model's activations for {lim.max_batch} rows would be {floats:,} "
+                f"floats, over this server's limit {lim.max_top_activations:,}"
+            )
 
     def _new_trainer(self, spec: RunCreate) -> TopTrainer:
         return TopTrainer(

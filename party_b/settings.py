@@ -24,6 +24,13 @@ class Limits(BaseSettings):
     max_top_params: int = Field(
         default=50_000_000, ge=1, description="parameters of one run's top model (memory)"
     )
+    max_top_layers: int = Field(default=64, ge=1, description="entries of a top-model size list")
+    max_top_activations: int = Field(
+        default=2**28,
+        ge=1,
+        description="floats of top-model activations per request: max_batch x (cut_dim + "
+        "the sum of the top model's sizes)",
+    )
 
 
 class Settings(BaseSettings):

@@ -43,6 +43,8 @@ LIMITS = Limits(
     max_runs_per_token=8,
     max_aligned_ids=100,
     max_top_params=20_000,
+    max_top_layers=8,
+    max_top_activations=64 * 256,
 )
 
 
@@ -323,6 +325,9 @@ def test_a_stalled_upload_does_not_block_other_callers(
         ({"top": {"hidden": [10**6, 10**6]}}, "limit-exceeded"),  # 10^12 parameters: no alloc
         ({"top": {"hidden": [10**4]}}, "limit-exceeded"),
         ({"top": {"hidden": [2**62]}}, "limit-exceeded"),  # overflows torch's size arithmetic
+        ({"top": {"hidden": [10**30]}}, "limit-exceeded"),  # past 64 bits (was a 500)
+        ({"top": {"hidden": [1] * 9}}, "limit-exceeded"),  # a long list takes long to build
+        ({"top": {"hidden": [64] * 4}}, "limit-exceeded"),  # few parameters, big activations
         (
             {"optimizer": {"name": "sgd", "lr": 0.1, "weight_decay": float("inf")}},
             "invalid-request",
