@@ -124,6 +124,13 @@ class _RunState:
         return self.train_pos if split == "train" else self.eval_pos
 
 
+def _rows_per_step(spec: RunCreate) -> int:
+    """Samples in one step of the run: its batch, times the clients of a 'clients' step."""
+    return spec.batch_size * (
+        spec.schedule.clients_per_step if spec.schedule.kind == "clients" else 1
+    )
+
+
 class RunService:
     def __init__(
         self,
@@ -600,22 +607,27 @@ class RunService:
 
     def _state(self, caller: Caller, run_id: str) -> _RunState:
         """The in-memory state of an aligned run the caller owns (loaded on first use)."""
-        with self._registry_lock:
-            state = self._live.get(run_id) or self._finished.get(run_id)
-            # A loading lock exists only while a run is being loaded: one per run id ever
-            # asked for (unknown ones included) would grow without bound.
-            loading = self._loading.setdefault(run_id, threading.Lock()) if state is None else None
-        if loading is not None:
-            with loading:  # one thread loads; the others wait and reuse its result
+        # A loading lock exists only while a run is being loaded (one per run id ever asked
+        # for, unknown ones included, would grow without bound). Whoever holds it loads; the
+        # others wait, and then start over: the run is in memory by then, or the load failed
+        # and its lock was retired, so that exactly one of them takes a fresh lock and tries
+        # again (never two loads of one run at once, never two states of one run).
+        while True:
+            with self._registry_lock:
+                state = self._live.get(run_id) or self._finished.get(run_id)
+                if state is not None:
+                    break
+                loading = self._loading.setdefault(run_id, threading.Lock())
+            with loading:
                 with self._registry_lock:
-                    state = self._live.get(run_id) or self._finished.get(run_id)
-                if state is None:
-                    try:
-                        state = self._load(caller, run_id)
-                    finally:
-                        with self._registry_lock:
-                            self._loading.pop(run_id, None)
-        assert state is not None
+                    if self._loading.get(run_id) is not loading:
+                        continue  # retired while we waited: look again
+                try:
+                    state = self._load(caller, run_id)
+                finally:
+                    with self._registry_lock:
+                        del self._loading[run_id]
+            break
         # Another token's run is indistinguishable from a missing one.
         if state.owner_id != caller.token_id:
             raise ProblemError.not_found(f"no run {run_id!r}")
@@ -738,9 +750,7 @@ class RunService:
                 "the 'clients' schedule needs the client of every sample, and party B's "
                 "labels have no client column"
             )
-        rows_per_step = spec.batch_size * (
-            spec.schedule.clients_per_step if spec.schedule.kind == "clients" else 1
-        )
+        rows_per_step = _rows_per_step(spec)
         checks = [
             ("batch_size", spec.batch_size, lim.max_batch),
             ("rows per step", rows_per_step, lim.max_batch),
@@ -760,7 +770,7 @@ class RunService:
         kwargs[_OUTPUT_KWARG[spec.model]] = self._labels.num_outputs
         if "side_features" in top_kwargs(spec.model):
             kwargs["side_features"] = self._labels.side_width if spec.use_side_features else 0
-        self._check_top_sizes(spec.cut_dim, kwargs)
+        self._check_top_sizes(_rows_per_step(spec), spec.cut_dim, kwargs)
         try:
             # Built on the meta device: validates the kwargs and counts parameters without
             # allocating, so {"hidden": [10**6, 10**6]} is refused instead of exhausting memory.
@@ -781,11 +791,12 @@ class RunService:
             )
         return kwargs
 
-    def _check_top_sizes(self, cut_dim: int, kwargs: dict[str, Any]) -> None:
+    def _check_top_sizes(self, rows: int, cut_dim: int, kwargs: dict[str, Any]) -> None:
         """Bound every size in the top kwargs before anything is built: a list of a million
         layers takes minutes to build even on the meta device, and a layer that fits the
-        parameter limit can still need terabytes of activations for a batch of max_batch rows.
-        (Every integer top kwarg of every model is a layer width or an output count.)"""
+        parameter limit can still need terabytes of activations for one step of ``rows``
+        samples. (Every integer top kwarg of every model is a layer width or an output
+        count.)"""
         lim = self._limits
         sizes: list[int] = []
         for name, value in kwargs.items():
@@ -803,10 +814,10 @@ class RunService:
                         f"top.{name}={v} is over this server's limit {lim.max_dim} on a width"
                     )
                 sizes.append(v)
-        floats = lim.max_batch * (cut_dim + sum(sizes))
+        floats = rows * (cut_dim + sum(sizes))
         if floats > lim.max_top_activations:
             raise ProblemError.limit(
-                f"the top model's activations for {lim.max_batch} rows would be {floats:,} "
+                f"the top model's activations for a step of {rows} rows would be {floats:,} "
                 f"floats, over this server's limit {lim.max_top_activations:,}"
             )
 

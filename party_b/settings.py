@@ -28,7 +28,7 @@ class Limits(BaseSettings):
     max_top_activations: int = Field(
         default=2**28,
         ge=1,
-        description="floats of top-model activations per request: max_batch x (cut_dim + "
+        description="floats of top-model activations per step: rows per step x (cut_dim + "
         "the sum of the top model's sizes)",
     )
 

@@ -44,7 +44,7 @@ LIMITS = Limits(
     max_aligned_ids=100,
     max_top_params=20_000,
     max_top_layers=8,
-    max_top_activations=64 * 256,
+    max_top_activations=2000,
 )
 
 

@@ -1,5 +1,7 @@
 """Party B's in-memory state stays bounded: by live runs, never by run ids asked for."""
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -30,3 +32,67 @@ def test_no_bookkeeping_is_left_behind_per_run_id(tmp_path: Path) -> None:
     service.finish(caller, run.id)
 
     assert service._loading == {}  # noqa: SLF001 - the bookkeeping under test
+
+
+def test_a_failed_load_lets_exactly_one_waiter_load_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight callers ask for a run that is not in memory; the first load fails while the
+    others wait, and a ninth caller arrives while the retry is loading. Never two loads at
+    once, one state in the end, no lock left behind."""
+    labels_csv = write_label_table(tmp_path / "labels.csv", n=200)
+    service, caller = in_process_party_b(
+        load_label_table(labels_csv, id_column="id", label_column="y", feature_columns=None),
+        tmp_path / "b.sqlite",
+    )
+    scenario = SCENARIOS["femnist-fedlite"]
+    spec = scenario.run_create("reloaded", steps=10, seed=0)
+    run = service.create_run(caller, spec)
+    service.align(caller, run.id, hashed_ids(run.alignment_key, read_ids(labels_csv)))
+    service._live.clear()  # noqa: SLF001 - as after a restart: the run is only in the database
+
+    real_load = service._load  # noqa: SLF001
+    active, peak, calls = [0], [0], [0]
+    guard = threading.Lock()
+    everyone_waiting = threading.Barrier(8)
+
+    def load(caller_: object, run_id: str) -> object:
+        with guard:
+            active[0] += 1
+            calls[0] += 1
+            first = calls[0] == 1
+            peak[0] = max(peak[0], active[0])
+        try:
+            time.sleep(0.3)  # the others queue up meanwhile
+            if first:
+                raise ProblemError.run_state("simulated: the database was busy")
+            return real_load(caller_, run_id)  # type: ignore[arg-type]
+        finally:
+            with guard:
+                active[0] -= 1
+
+    monkeypatch.setattr(service, "_load", load)
+    results: list[object] = []
+
+    def ask() -> None:
+        everyone_waiting.wait(10)
+        try:
+            results.append(service._state(caller, run.id))  # noqa: SLF001
+        except ProblemError as exc:
+            results.append(exc)
+
+    def late() -> None:
+        time.sleep(0.45)  # after the first load failed, while the retry loads
+        results.append(service._state(caller, run.id))  # noqa: SLF001
+
+    threads = [threading.Thread(target=ask) for _ in range(8)] + [threading.Thread(target=late)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+
+    states = {id(r) for r in results if not isinstance(r, ProblemError)}
+    failures = [r for r in results if isinstance(r, ProblemError)]
+    assert len(results) == 9 and len(failures) == 1 and len(states) == 1
+    assert peak[0] == 1 and calls[0] == 2
+    assert service._loading == {}  # noqa: SLF001
