@@ -836,7 +836,11 @@ class RunService:
         """The run's schedule over its train samples (``train_rows``: their label rows)."""
         if spec.schedule.kind == "clients":
             groups = self._labels.groups
-            assert groups is not None, "checked when the run was created"
+            if groups is None:  # checked at creation; party B restarted without the column
+                raise ProblemError.run_state(
+                    "this run samples by client, and party B's labels have no client column "
+                    "now: restart it with the label table's client column configured"
+                )
             return ClientBatches(
                 [groups[r] for r in train_rows.tolist()],
                 clients_per_step=spec.schedule.clients_per_step,
