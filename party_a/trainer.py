@@ -13,6 +13,7 @@ applied step and checkpoint list and:
   bit-identical and the run ends exactly as an uninterrupted one would.
 """
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -74,6 +75,13 @@ class TrainSummary:
         return self.raw_bytes / self.bytes_sent if self.bytes_sent else 1.0
 
 
+@functools.lru_cache(maxsize=64)
+def _raw_request_bytes(d: int, chunk_sizes: tuple[int, ...]) -> int:
+    """Measured by encoding (so headers count); cached, but bounded: under the clients
+    schedule the chunk sizes can differ at every step."""
+    return raw_step_request_bytes(d=d, batch=chunk_sizes)
+
+
 class PartyATrainer:
     def __init__(
         self,
@@ -112,7 +120,6 @@ class PartyATrainer:
         self.train_pos: np.ndarray = np.zeros(0, dtype=np.int64)
         self.eval_pos: np.ndarray = np.zeros(0, dtype=np.int64)
         self.batches: BatchSchedule | None = None  # set by prepare()
-        self._raw_step_bytes: dict[tuple[int, ...], int] = {}
 
     # ================================================================== set-up
 
@@ -320,11 +327,7 @@ class PartyATrainer:
 
     def _raw_bytes(self, chunk_sizes: tuple[int, ...]) -> int:
         """Bytes of the SplitFed request (raw float32 chunks) with these chunk sizes."""
-        if chunk_sizes not in self._raw_step_bytes:
-            self._raw_step_bytes[chunk_sizes] = raw_step_request_bytes(
-                d=self.cut_dim, batch=chunk_sizes
-            )
-        return self._raw_step_bytes[chunk_sizes]
+        return _raw_request_bytes(self.cut_dim, chunk_sizes)
 
     def _reconcile(self, summary: TrainSummary) -> None:
         """Bring party A and party B to the same step (see the module docstring)."""
@@ -403,6 +406,13 @@ class PartyATrainer:
             tag="predict",
             chunk_size=self.config.run.batch_size,
         )
+        rows = sum(codec.chunk_rows(chunks))
+        if rows != len(ids):
+            raise ConfigError(
+                f"predict gives one score per sample, but model {self.config.run.model!r} "
+                f"makes {rows // max(len(ids), 1)} activation rows per sample (one per token): "
+                "use evaluate for it"
+            )
         body = codec.encode_predict_request(
             codec.PredictRequest(ids=[k.hex() for k in keys], chunks=chunks),
             codebook_dtype=self.bottom.codebook_dtype,

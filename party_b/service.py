@@ -567,6 +567,11 @@ class RunService:
     def predict(self, caller: Caller, run_id: str, body: bytes) -> bytes:
         """Forward only for the given (hashed) ids: serving after or during training."""
         state = self._state(caller, run_id)
+        if state.rows_per_sample != 1:
+            raise ProblemError.invalid(
+                f"predict gives one score per sample; this run's model makes "
+                f"{state.rows_per_sample} activation rows per sample (one per token)"
+            )
         request = self._decode(codec.decode_predict_request, body)
         side: Tensor | None = None
         with state.lock:

@@ -165,6 +165,9 @@ def test_sequence_chunks_count_tokens_of_each_clients_sequences(tmp_path: Path) 
 
     assert sizes and all(s == (3, 3) for s in sizes)
     assert answer.n == len(trainer.eval_pos) * t  # every eval token counts (no padding here)
+    # predict is one score per sample: a clear refusal for a model of one row per token
+    with pytest.raises(ConfigError, match="one score per sample"):
+        trainer.predict(ids[:2])
 
 
 def test_csv_tables_carry_the_client_column(tmp_path: Path) -> None:
