@@ -56,8 +56,8 @@ class InProcessTransport:
     def psi(self, body: bytes) -> bytes:
         return self._call(self.service.psi, body)
 
-    def create_run(self, spec: RunCreate) -> RunOut:
-        return self._call(self.service.create_run, spec)
+    def create_run(self, spec: RunCreate, idempotency_key: str | None = None) -> RunOut:
+        return self._call(self.service.create_run, spec, idempotency_key)
 
     def get_run(self, run_id: str) -> RunOut:
         return self._call(self.service.get_run, run_id)

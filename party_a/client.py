@@ -38,7 +38,7 @@ class Transport(Protocol):
 
     def psi_info(self) -> PsiInfo: ...
     def psi(self, body: bytes) -> bytes: ...
-    def create_run(self, spec: RunCreate) -> RunOut: ...
+    def create_run(self, spec: RunCreate, idempotency_key: str | None = None) -> RunOut: ...
     def get_run(self, run_id: str) -> RunOut: ...
     def align(self, run_id: str, hashed_ids: list[str]) -> AlignmentOut: ...
     def step(self, run_id: str, body: bytes) -> bytes: ...
@@ -85,10 +85,11 @@ class HttpTransport:
     def psi_info(self) -> PsiInfo:
         return self._json("GET", "/v1/psi", PsiInfo)
 
-    def create_run(self, spec: RunCreate) -> RunOut:
-        # One key for every retry of this call: a POST whose answer was lost and is sent again
-        # gets the run it created, not a second one.
-        key = {"Idempotency-Key": uuid.uuid4().hex}
+    def create_run(self, spec: RunCreate, idempotency_key: str | None = None) -> RunOut:
+        """``idempotency_key``: the same key gets the same run (default: a new key for this
+        call, so that at least its own retries, after an answer was lost, do not create a
+        second run)."""
+        key = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
         return self._json("POST", "/v1/runs", RunOut, body=spec, headers=key)
 
     def get_run(self, run_id: str) -> RunOut:

@@ -6,6 +6,7 @@ config picks up where it stopped. Checkpoints hold the bottom model and optimize
 step and are written in one transaction with the pruning of older ones.
 """
 
+import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,21 @@ class PsiResult(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
+class StoreIdentity(Base):
+    """One random id per state directory, made the first time it is asked for.
+
+    Run creation derives its Idempotency-Key from it (see ``PartyATrainer.prepare``): a party
+    A that dies after party B created its run but before writing it down here asks for the
+    same run again on restart; a fresh state directory is a new identity and gets new runs.
+    A table of its own so that an older database gains it with ``create_all``.
+    """
+
+    __tablename__ = "store_identity"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)  # always 1
+    value: Mapped[str] = mapped_column(String(32))
+
+
 class LocalStore:
     """Party A's database. One file per state directory; safe to reopen after a crash."""
 
@@ -113,6 +129,16 @@ class LocalStore:
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def identity(self) -> str:
+        """This state directory's random id (32 hex characters), stable across restarts."""
+        with self.session() as s:
+            row = s.get(StoreIdentity, 1)
+            if row is None:
+                row = StoreIdentity(id=1, value=secrets.token_hex(16))
+                s.add(row)
+                s.commit()
+            return row.value
 
     # ------------------------------------------------------------------ runs
 

@@ -14,6 +14,8 @@ applied step and checkpoint list and:
 """
 
 import functools
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -146,7 +148,7 @@ class PartyATrainer:
                     "choose a new [run] name or another state directory"
                 ) from None
         else:
-            remote = self.transport.create_run(spec)
+            remote = self.transport.create_run(spec, self._create_key())
             local = self.store.add_run(
                 LocalRun(
                     server=self.server,
@@ -174,6 +176,16 @@ class PartyATrainer:
 
     def _fingerprint(self) -> dict[str, Any]:
         return self.config.model_dump(mode="json", by_alias=True)
+
+    def _create_key(self) -> str:
+        """Idempotency-Key of this run's creation: the same for this state directory, server,
+        run name and config, so that a party A killed between party B's answer and writing
+        the run down gets the same run back when it is run again, not a second run."""
+        material = json.dumps(
+            [self.store.identity(), self.server, self.config.run.name, self._fingerprint()],
+            sort_keys=True,
+        )
+        return hashlib.sha256(material.encode()).hexdigest()
 
     def psi(self, *, force: bool = False) -> tuple[PsiResult, bool]:
         """The private set intersection with party B (cached per pair of dataset versions)."""
