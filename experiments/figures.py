@@ -5,7 +5,7 @@
     python -m experiments.figures grid femnist       # Fig. 3: (q, L) grid, lambda = 0 / small
     python -m experiments.figures uplink femnist     # Fig. 4: metric vs cumulative uplink bits
     python -m experiments.figures vertical           # AUC vs compression, FATE pairs, + table
-    python -m experiments.figures all
+    python -m experiments.figures all              # all of them, then the tables of RESULTS.md
 
 PNGs go to docs/figures/, markdown tables beside them (``*.md``), and every figure prints the
 largest compression ratio whose metric is within 5% (relative) of SplitFed's.
@@ -27,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.sweep import RESULTS, load_records  # noqa: E402
-from experiments.sweeps import FEMNIST, SHAKESPEARE, SO_TAG, VERTICAL_LR  # noqa: E402
+from experiments.sweeps import FEMNIST, SHAKESPEARE, SO_TAG, SWEEPS, VERTICAL_LR  # noqa: E402
 
 __all__ = ["main", "within_five_percent"]
 
@@ -41,6 +41,7 @@ METRIC = {
 }
 PAPER_CLAIM = {"femnist": 490, "so_tag": 247, "shakespeare": 51}  # paper: SO NWP for next-token
 SWEEP_OF = {"femnist": "femnist", "so_tag": "so_tag", "shakespeare": "shakespeare"}
+VERTICAL = ("breast", "default_credit")
 
 
 def _records(sweep: str) -> list[dict[str, Any]]:
@@ -356,7 +357,7 @@ def vertical() -> None:
     records = _records("vertical")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     lines: list[str] = []
-    for ax, task in zip(axes, ("breast", "default_credit"), strict=True):
+    for ax, task in zip(axes, VERTICAL, strict=True):
         mine = [r for r in records if r["config"]["task"] == task]
         if not any(r["config"]["method"] == "splitfed" for r in mine):
             print(f"{task}: no SplitFed record yet")
@@ -434,6 +435,90 @@ def vertical() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def headline() -> None:
+    """One row per task: SplitFed, the largest ratio within 5% of it, the paper's claim."""
+    lines = [
+        "| task | metric | SplitFed | largest ratio within 5% of SplitFed: paper formula "
+        "(our wire bytes) | that point | paper |",
+        "|---|---|---|---|---|---|",
+    ]
+    vertical = _records("vertical")
+    sources = [(task, _records(sweep)) for task, sweep in SWEEP_OF.items()]
+    sources += [(task, [r for r in vertical if r["config"]["task"] == task]) for task in VERTICAL]
+    for task, records in sources:
+        base, points = split_points(records, task)
+        best = within_five_percent(base, points)
+        found, point = "none", "-"
+        if best is not None:
+            found = f"**{best['paper_ratio']:.0f}x** ({best['wire_ratio']:.0f}x)"
+            point = f"q={best['q']} L={best['L']} lambda={best['lam']:g}: {best['metric']:.4f}"
+        paper = f"{PAPER_CLAIM[task]}x" if task in PAPER_CLAIM else "-"
+        lines.append(f"| {task} | {METRIC[task][1]} | {base:.4f} | {found} | {point} | {paper} |")
+    _write_table("headline", lines)
+
+
+def http_checks() -> None:
+    """The verdicts of ``python -m experiments.sweep <sweep> --http``, one row per sweep."""
+    lines = [
+        "| sweep | run (20 steps) | identical | final metrics | in-process s | HTTP s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for verdict_file in sorted(RESULTS.glob("*-http/http_check.txt")):
+        verdict = json.loads(verdict_file.read_text())
+        records = load_records(verdict_file.parent)
+        key = next((r["key"] for r in records if r["config"]["transport"] == "inprocess"), "?")
+        final = ", ".join(
+            f"{k} {v:.4f}"
+            for k, v in verdict["final_http"].items()
+            if k.startswith("eval_") and k != "eval_n"
+        )
+        seconds = verdict["seconds"]
+        lines.append(
+            f"| {verdict_file.parent.name.removesuffix('-http')} | `{key}` | "
+            f"{'yes' if verdict['identical'] else '**no**'} | {final} | "
+            f"{seconds['inprocess']:.0f} | {seconds['http']:.0f} |"
+        )
+    _write_table("http_check", lines)
+
+
+def sweep_table() -> None:
+    """What ran: per sweep, the runs defined, those with a record, and their summed wall time
+    (runs of a sweep ran one or two at a time, beside other work on the same 2 CPUs)."""
+    lines = [
+        "| sweep | runs defined | runs done | not run | summed run wall time |",
+        "|---|---|---|---|---|",
+    ]
+    for name, sweep in SWEEPS.items():
+        keys = [job.key for job in sweep.jobs(smoke=False)]
+        directory = RESULTS / name
+        done = {r["key"]: r for r in load_records(directory)} if directory.exists() else {}
+        missing = [k for k in keys if k not in done]
+        minutes = sum(float(r.get("seconds", 0.0)) for r in done.values()) / 60
+        lines.append(
+            f"| `{name}` | {len(keys)} | {len(keys) - len(missing)} | "
+            + (", ".join(f"`{k}`" for k in missing) or "-")
+            + f" | {minutes:.0f} min |"
+        )
+    _write_table("sweeps", lines)
+
+
+RESULTS_DOC = FIGURES.parent / "RESULTS.md"
+
+
+def update_results_doc() -> None:
+    """Replace every ``<!-- BEGIN figures/X.md -->`` ... ``<!-- END figures/X.md -->`` block of
+    docs/RESULTS.md with the current table X, so that the prose's tables never go stale."""
+    text = RESULTS_DOC.read_text()
+    for table in sorted(FIGURES.glob("*.md")):
+        begin, end = f"<!-- BEGIN figures/{table.name} -->", f"<!-- END figures/{table.name} -->"
+        if begin in text and end in text:
+            head, rest = text.split(begin, 1)
+            _, tail = rest.split(end, 1)
+            text = f"{head}{begin}\n{table.read_text()}{end}{tail}"
+    RESULTS_DOC.write_text(text)
+    print(f"updated {RESULTS_DOC}")
+
+
 def _save(fig: Any, name: str) -> None:
     FIGURES.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -473,6 +558,10 @@ def main(argv: list[str] | None = None) -> int:
         grid("femnist")
         uplink("femnist")
         vertical()
+        headline()
+        http_checks()
+        sweep_table()
+        update_results_doc()
     return 0
 
 
