@@ -6,14 +6,55 @@ Continues after the newest checkpoint already in DATABASE. Prints ``begin N`` be
 the checkpoint of step N and ``committed N`` after the commit. The
 content of every checkpoint is a function of its step (``payload``), so a reader can tell a
 whole checkpoint from a torn one.
+
+``FEDLITE_TEST_STALL=before-commit:N`` (or ``after-commit:N``) makes it print ``stalled N``
+and wait to be killed at that point of step N's write: after every row of the checkpoint is
+flushed into the open transaction, just before the commit (or just after it), so that a test
+can kill it on a chosen side of a commit and not only at random moments.
 """
 
 import hashlib
+import os
 import sys
+import time
 from pathlib import Path
+
+from sqlalchemy.orm import Session
 
 KEEP = 3
 SIZE = 4 * 2**20  # bytes per state blob: big enough that a commit takes a while
+
+
+_current_step = [0]
+
+
+def _stall(step: int) -> None:
+    print(f"stalled {step}", flush=True)
+    time.sleep(3600)  # until the test kills us
+
+
+def _install_stall() -> tuple[str, int] | None:
+    spec = os.environ.get("FEDLITE_TEST_STALL")
+    if not spec:
+        return None
+    where, step = spec.split(":")
+    if where == "before-commit":
+        real_commit = Session.commit
+
+        def commit(session: Session) -> None:
+            if _current_step[0] == int(step):
+                session.flush()  # every row is in the transaction; only the commit is left
+                _stall(int(step))
+            real_commit(session)
+
+        Session.commit = commit  # type: ignore[method-assign]
+    return where, int(step)
+
+
+def _after_commit(stall: tuple[str, int] | None, step: int) -> None:
+    print(f"committed {step}", flush=True)
+    if stall == ("after-commit", step):
+        _stall(step)
 
 
 def payload(step: int, part: str) -> bytes:
@@ -38,8 +79,10 @@ def write_party_b(database: Path) -> None:
             session.commit()
         steps = store.checkpoint_steps(session, "r")
     step = steps[-1] if steps else 0
+    stall = _install_stall()
     while True:
         step += 1
+        _current_step[0] = step
         print(f"begin {step}", flush=True)
         with sessions() as session:
             store.save_checkpoint(
@@ -53,7 +96,7 @@ def write_party_b(database: Path) -> None:
                 keep=KEEP,
             )
             session.commit()
-        print(f"committed {step}", flush=True)
+        _after_commit(stall, step)
 
 
 def write_party_a(database: Path) -> None:
@@ -65,13 +108,15 @@ def write_party_a(database: Path) -> None:
     )
     steps = local.checkpoint_steps(run.id)
     step = steps[-1] if steps else 0
+    stall = _install_stall()
     while True:
         step += 1
+        _current_step[0] = step
         print(f"begin {step}", flush=True)
         local.save_checkpoint(
             run.id, step, payload(step, "model"), payload(step, "optimizer"), keep=KEEP
         )
-        print(f"committed {step}", flush=True)
+        _after_commit(stall, step)
 
 
 if __name__ == "__main__":
