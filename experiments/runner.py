@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.inprocess import InProcessTransport, in_process_party_b
+from experiments.inprocess import EXPERIMENT_LIMITS, InProcessTransport, in_process_party_b
 from experiments.tasks import TASK_ENV, TaskData, load_task
 from party_a.bottom import StepResult
 from party_a.client import HttpTransport, Transport
@@ -166,6 +166,8 @@ def http_party_b(config: RunConfig, workdir: Path) -> Iterator[str]:
         **os.environ,
         TASK_ENV: json.dumps({"task": config.task, "options": config.task_options}),
         "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "FEDLITE_B_LIMIT_MAX_BATCH": str(EXPERIMENT_LIMITS.max_batch),
+        "FEDLITE_B_LIMIT_MAX_ALIGNED_IDS": str(EXPERIMENT_LIMITS.max_aligned_ids),
     }
     cmd = [
         sys.executable, "-m", "party_b.cli", "serve",
