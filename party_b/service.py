@@ -814,6 +814,8 @@ class RunService:
             for v in values:
                 if isinstance(v, bool) or not isinstance(v, int):
                     continue  # not a size; the build below judges it
+                if v < 0:
+                    raise ProblemError.invalid(f"top.{name}={v}: sizes cannot be negative")
                 if v > lim.max_dim:
                     raise ProblemError.limit(
                         f"top.{name}={v} is over this server's limit {lim.max_dim} on a width"

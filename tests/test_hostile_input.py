@@ -328,6 +328,7 @@ def test_a_stalled_upload_does_not_block_other_callers(
         ({"top": {"hidden": [10**30]}}, "limit-exceeded"),  # past 64 bits (was a 500)
         ({"top": {"hidden": [1] * 9}}, "limit-exceeded"),  # a long list takes long to build
         ({"top": {"hidden": [64] * 4}}, "limit-exceeded"),  # few parameters, big activations
+        ({"top": {"hidden": [-3]}}, "invalid-request"),
         (
             {"optimizer": {"name": "sgd", "lr": 0.1, "weight_decay": float("inf")}},
             "invalid-request",
