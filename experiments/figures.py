@@ -1,11 +1,11 @@
 """Figures and tables of docs/RESULTS.md, from the sweeps' JSON records.
 
-    python -m experiments.figures quant-error        # Fig. 1: error vs compression (paper Fig. 2)
-    python -m experiments.figures tradeoff femnist   # Fig. 2: metric vs compression (paper Fig. 3)
-    python -m experiments.figures grid femnist       # Fig. 3: (q, L) grid, lambda = 0 / small
+    python -m experiments.figures quant-error        # Fig. 1: error vs compression (paper Fig. 3)
+    python -m experiments.figures tradeoff femnist   # Fig. 2: metric vs compression (paper Fig. 4)
+    python -m experiments.figures grid femnist       # Fig. 3: (q, L) grid (paper Fig. 5)
     python -m experiments.figures uplink femnist     # Fig. 4: metric vs cumulative uplink bits
     python -m experiments.figures vertical           # AUC vs compression, FATE pairs, + table
-    python -m experiments.figures all              # all of them, then the tables of RESULTS.md
+    python -m experiments.figures all                # all, then the tables in RESULTS.md
 
 PNGs go to docs/figures/, markdown tables beside them (``*.md``), and every figure prints the
 largest compression ratio whose metric is within 5% (relative) of SplitFed's.
