@@ -68,6 +68,7 @@ class RunConfig:
     task_options: dict[str, Any] = field(default_factory=dict)
     transport: str = "inprocess"  # or "http"
     save_bottom: bool = False  # keep party A's trained bottom (<key>.bottom.pt) for Fig. 2
+    eval_raw: bool = False  # also evaluate on unquantized activations (eval_raw_* fields)
 
     @property
     def key(self) -> str:
@@ -76,6 +77,8 @@ class RunConfig:
         if self.method == "fedlite":
             parts += [f"q{self.q}", f"L{self.L}", f"R{self.R}", f"lam{self.lam:g}"]
         parts += [f"lr{self.lr_bottom:.3g}", f"s{self.seed}", f"T{self.steps}"]
+        if self.eval_raw:
+            parts.append("evalraw")
         if self.transport != "inprocess":
             parts.append(self.transport)
         return "-".join(parts)
@@ -247,6 +250,13 @@ def run_split(
 
             def evaluate(step: int, summary: TrainSummary) -> None:
                 answer = trainer.evaluate()
+                raw: dict[str, Any] = {}
+                if config.eval_raw:  # the same model, its activations sent unquantized
+                    unquantized = trainer.evaluate(raw=True)
+                    raw = {
+                        "eval_raw_loss": unquantized.loss,
+                        **{f"eval_raw_{k}": v for k, v in unquantized.metrics.items()},
+                    }
                 curve.append(
                     {
                         "step": step,
@@ -254,6 +264,7 @@ def run_split(
                         "eval_loss": answer.loss,
                         "eval_n": answer.n,
                         **{f"eval_{k}": v for k, v in answer.metrics.items()},
+                        **raw,
                         "paper_message_bits": totals["message"],
                         "paper_raw_bits": totals["raw"],
                         "paper_sync_bits": totals["sync"],

@@ -117,10 +117,28 @@ def femnist_long() -> list[Job]:
     return [long, replace(long, method="fedlite", q=1152, L=2, lam=0.0)]
 
 
+def femnist_raw_eval() -> list[Job]:
+    """Is the accuracy lost at high compression lost in training or only at evaluation? The
+    same runs as three grid points, each also evaluated on unquantized activations."""
+    return [
+        replace(FEMNIST, method="fedlite", q=q, L=L, lam=0.0, save_bottom=False, eval_raw=True)
+        for q, L in [(1152, 2), (4608, 2), (1152, 16)]
+    ]
+
+
+def femnist_raw_eval_smoke() -> list[Job]:
+    return [
+        replace(FEMNIST_SMOKE, method="fedlite", q=1152, L=2, lam=0.0, eval_raw=True),
+    ]
+
+
+FEMNIST_SMOKE = replace(
+    FEMNIST, steps=3, clients_per_step=2, eval_every=3, task_options={"max_clients": 6}
+)
+
+
 def femnist_smoke() -> list[Job]:
-    base = replace(
-        FEMNIST, steps=3, clients_per_step=2, eval_every=3, task_options={"max_clients": 6}
-    )
+    base = FEMNIST_SMOKE
     return [
         base,
         replace(base, method="fedlite", q=1152, L=2, lam=5e-5),
@@ -307,6 +325,11 @@ def vertical_smoke() -> list[Job]:
 SWEEPS: dict[str, Sweep] = {
     "femnist": Sweep(
         "FEMNIST, 10 writers x 20 images per step (Figs. 2-4)", femnist_full, femnist_smoke
+    ),
+    "femnist_raw_eval": Sweep(
+        "FEMNIST FedLite also evaluated on unquantized activations",
+        femnist_raw_eval,
+        femnist_raw_eval_smoke,
     ),
     "femnist_long": Sweep(
         "FEMNIST SplitFed and q=1152 L=2 trained 3x longer", femnist_long, femnist_smoke

@@ -129,13 +129,16 @@ class BottomTrainer:
 
     @torch.no_grad()
     def activations(
-        self, x: np.ndarray, *, tag: str, chunk_size: int
+        self, x: np.ndarray, *, tag: str, chunk_size: int, raw: bool = False
     ) -> tuple[codec.Activations, ...]:
-        """Forward only (eval mode) and compress in chunks of ``chunk_size`` samples."""
+        """Forward only (eval mode) and compress in chunks of ``chunk_size`` samples; with
+        ``raw``, send z itself even in a FedLite run (serving need not save bandwidth)."""
         self.model.eval()
         z = self.model(self._input(x))
         chunk_size *= int(z.shape[0]) // max(len(x), 1)  # rows: T per sample for sequences
         sizes = [min(chunk_size, len(z) - i) for i in range(0, len(z), chunk_size)]
+        if raw:
+            return tuple(codec.RawActivations(p.detach().numpy()) for p in torch.split(z, sizes))
         chunks, _ = self._compress(z, 0, tag, sizes)
         return chunks
 

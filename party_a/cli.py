@@ -329,8 +329,9 @@ def _cmd_demo_data(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     with _session(args) as trainer:
         trainer.prepare()
-        answer = trainer.evaluate(args.split)
-    print(json.dumps({"split": args.split, "n": answer.n, "loss": answer.loss, **answer.metrics}))
+        answer = trainer.evaluate(args.split, raw=args.raw)
+    split = f"{args.split}+raw" if args.raw else args.split
+    print(json.dumps({"split": split, "n": answer.n, "loss": answer.loss, **answer.metrics}))
     return 0
 
 
@@ -427,6 +428,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("evaluate", help="held-out metrics of a run (computed at party B)")
     _session_flags(evaluate)
     evaluate.add_argument("--split", choices=["eval", "train"], default="eval")
+    evaluate.add_argument(
+        "--raw",
+        action="store_true",
+        help="send unquantized activations (a FedLite run's model without compression)",
+    )
     evaluate.set_defaults(func=_cmd_evaluate)
 
     predict = sub.add_parser("predict", help="party B's scores for given ids (serving)")

@@ -375,8 +375,12 @@ class PartyATrainer:
 
     # ================================================================== serving
 
-    def evaluate(self, split: str = "eval") -> codec.EvaluateResponse:
-        """Forward the held-out (or train) samples; party B computes the metrics."""
+    def evaluate(self, split: str = "eval", *, raw: bool = False) -> codec.EvaluateResponse:
+        """Forward the held-out (or train) samples; party B computes the metrics.
+
+        ``raw``: send the activations unquantized (in a FedLite run, the model as it would
+        serve without compression, at SplitFed's bandwidth); default: quantized as in training.
+        """
         positions = self.eval_pos if split == "eval" else self.train_pos
         if len(positions) == 0:
             raise ConfigError(f"the run has no {split} samples (eval_fraction = 0?)")
@@ -384,6 +388,7 @@ class PartyATrainer:
             self.features.x[self.rows[positions]],
             tag=f"evaluate-{split}",
             chunk_size=self.config.run.batch_size,
+            raw=raw,
         )
         body = codec.encode_evaluate_request(
             codec.EvaluateRequest(

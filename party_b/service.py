@@ -539,7 +539,10 @@ class RunService:
                     f"the digest does not match party B's {len(positions)} {split} samples",
                 )
             z_tilde = self._dequantize(
-                state, request.chunks, expected_rows=state.rows_per_sample * len(positions)
+                state,
+                request.chunks,
+                expected_rows=state.rows_per_sample * len(positions),
+                allow_raw=True,
             )
             rows = state.label_rows[positions]
             outcome = state.trainer.evaluate(
@@ -550,7 +553,8 @@ class RunService:
                     store.EvalResult(
                         run_id=run_id,
                         step=state.step,
-                        split=split,
+                        # "eval+raw": the same samples, sent unquantized (z, not z~)
+                        split=split if _is_quantized(request.chunks) else f"{split}+raw",
                         n=outcome.n,
                         loss=_finite_or_none(outcome.loss),
                         metrics={k: _finite_or_none(v) for k, v in outcome.metrics.items()},
@@ -578,7 +582,9 @@ class RunService:
             if state.config.use_side_features and state.trainer.model.side_features:
                 rows = self._rows_of(state, request.ids)
                 side = self._labels.side(rows)
-            z_tilde = self._dequantize(state, request.chunks, expected_rows=request.rows)
+            z_tilde = self._dequantize(
+                state, request.chunks, expected_rows=request.rows, allow_raw=True
+            )
             scores = state.trainer.predict(z_tilde, side)
         response = codec.encode_predict_response(
             codec.PredictResponse(ids=request.ids, scores=scores.numpy())
@@ -871,9 +877,17 @@ class RunService:
             ) from None
 
     def _dequantize(
-        self, state: _RunState, chunks: Sequence[codec.Activations], *, expected_rows: int
+        self,
+        state: _RunState,
+        chunks: Sequence[codec.Activations],
+        *,
+        expected_rows: int,
+        allow_raw: bool = False,
     ) -> Tensor:
-        """Concatenate the chunks' z~ into (rows, d), checking they fit the run's config."""
+        """Concatenate the chunks' z~ into (rows, d), checking they fit the run's config.
+
+        ``allow_raw``: a FedLite run also takes raw activations (evaluate and predict: the
+        model without compression; training steps must be quantized as configured)."""
         spec = state.config
         rows = sum(c.B for c in chunks)
         if rows != expected_rows:
@@ -885,7 +899,7 @@ class RunService:
         parts = []
         for chunk in chunks:
             if isinstance(chunk, codec.RawActivations):
-                if state.dequantizer is not None:
+                if state.dequantizer is not None and not allow_raw:
                     raise ProblemError.shape("raw activations sent to a FedLite (pq) run")
                 parts.append(torch.from_numpy(chunk.activations))
                 continue
@@ -1027,6 +1041,10 @@ def _restore(trainer: TopTrainer, checkpoint: store.Checkpoint) -> None:
             f"party B's checkpoint at step {checkpoint.step} of this run does not load as a "
             "plain state dict (damaged or tampered database); the operator must restore it",
         ) from None
+
+
+def _is_quantized(chunks: Sequence[codec.Activations]) -> bool:
+    return not any(isinstance(c, codec.RawActivations) for c in chunks)
 
 
 def _dequantizer(spec: RunCreate) -> GroupedProductQuantizer | None:

@@ -37,6 +37,9 @@ def test_smoke_sweep_runs_every_kind_of_run_and_resumes(name: str, tmp_path: Pat
         assert final, record["key"]
         assert all(math.isfinite(v) for v in final.values()), final
         assert record["curve"][-1]["step"] == record["curve"][-1]["step"]
+    for record in records:
+        if record["config"].get("eval_raw"):  # evaluated on z as well as on z~
+            assert {"eval_raw_loss", "eval_raw_accuracy"} <= set(record["final"])
     fedlite = [r for r in records if r["config"]["method"] == "fedlite"]
     assert all(r["paper_ratio"] > 1 and r["wire_ratio"] > 0 for r in fedlite)
     summary = (tmp_path / name / "summary.csv").read_text().splitlines()
