@@ -292,7 +292,10 @@ def _kmeanspp_init(points: Tensor, num_centroids: int, generator: torch.Generato
     # The round keys need G*N uniforms per round; numpy's PCG64 draws them ~10x faster than
     # torch's CPU generator, seeded from it so that the seed still fixes everything.
     rng = np.random.default_rng(int(torch.randint(1 << 62, (1,), generator=generator)))
-    log_u = torch.from_numpy(np.log(rng.random((rounds, g, n), dtype=np.float32)))
+    # A uniform of exactly 0 (2^-24 per float32 draw) gives log(u) = -inf: that point is drawn
+    # last, as a zero-weight one is; never NaN, since log(u) < 0. No warning for it.
+    with np.errstate(divide="ignore"):
+        log_u = torch.from_numpy(np.log(rng.random((rounds, g, n), dtype=np.float32)))
     p_sq = (points * points).sum(-1, keepdim=True)  # (g, n, 1)
 
     def distances(chosen: Tensor) -> Tensor:
