@@ -481,6 +481,23 @@ def http_checks() -> None:
     _write_table("http_check", lines)
 
 
+def raw_eval() -> None:
+    """FedLite models evaluated on quantized (as trained) and on unquantized activations."""
+    directory = RESULTS / "femnist_raw_eval"
+    lines = [
+        "| q | L | paper ratio | accuracy, activations quantized | accuracy, unquantized |",
+        "|---|---|---|---|---|",
+    ]
+    records = load_records(directory) if directory.exists() else []
+    for r in sorted(records, key=lambda r: -r["paper_ratio"]):
+        c, final = r["config"], r["final"]
+        lines.append(
+            f"| {c['q']} | {c['L']} | {r['paper_ratio']:.0f} | {final['eval_accuracy']:.4f} | "
+            f"{final['eval_raw_accuracy']:.4f} |"
+        )
+    _write_table("raw_eval_femnist", lines)
+
+
 def sweep_table() -> None:
     """What ran: per sweep, the runs defined, those with a record, and their summed wall time
     (runs of a sweep ran one or two at a time, beside other work on the same 2 CPUs)."""
@@ -560,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         vertical()
         headline()
         http_checks()
+        raw_eval()
         sweep_table()
         update_results_doc()
     return 0
