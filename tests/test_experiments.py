@@ -78,3 +78,42 @@ def test_summary_lists_every_record(tmp_path: Path) -> None:
 
     assert lines[0].split(",") == ["key", "method", "seed", "eval_auc", "seconds"]
     assert lines[2].startswith("k1,splitfed,1,0.6")
+
+
+def test_the_five_percent_point_is_the_most_compressed_good_enough_one() -> None:
+    from experiments.figures import within_five_percent
+
+    def point(metric: float, ratio: float) -> dict[str, float]:
+        return {"metric": metric, "paper_ratio": ratio, "wire_ratio": ratio / 2}
+
+    points = {
+        (4608, 16, 1): {0.0: point(0.76, 32)},
+        (4608, 2, 1): {0.0: point(0.70, 128), 5e-5: point(0.74, 128)},  # best lambda counts
+        (1152, 2, 1): {0.0: point(0.47, 490)},
+    }
+    best = within_five_percent(0.77, points)
+    assert best is not None and (best["q"], best["L"], best["lam"]) == (4608, 2, 5e-5)
+    assert within_five_percent(0.99, points) is None
+
+
+def test_generated_tables_replace_only_their_own_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from experiments import figures
+
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "t.md").write_text("| new |\n")
+    doc = tmp_path / "RESULTS.md"
+    doc.write_text(
+        "prose\n<!-- BEGIN figures/t.md -->\n| old |\n<!-- END figures/t.md -->\nmore\n"
+        "<!-- BEGIN figures/missing.md -->\nkept\n<!-- END figures/missing.md -->\n"
+    )
+    monkeypatch.setattr(figures, "FIGURES", tmp_path / "figures")
+    monkeypatch.setattr(figures, "RESULTS_DOC", doc)
+
+    figures.update_results_doc()
+
+    assert doc.read_text() == (
+        "prose\n<!-- BEGIN figures/t.md -->\n| new |\n<!-- END figures/t.md -->\nmore\n"
+        "<!-- BEGIN figures/missing.md -->\nkept\n<!-- END figures/missing.md -->\n"
+    )
