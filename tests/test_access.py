@@ -22,12 +22,8 @@ from party_b.settings import Settings
 from party_b.store import make_engine, make_session_factory
 from tests.utils.data import breast_pair
 from tests.utils.live import live_server
-from tests.utils.servers import REPO_ROOT, PartyBProcess
+from tests.utils.servers import ALICE, MALLORY, REPO_ROOT, PartyBProcess, breast_party_b
 from tests.utils.small_runs import MSGPACK, OTHER, TOKEN, aligned_run, labels_csv, problem
-
-ALICE = "alice-token-0123456789"
-MALLORY = "mallory-token-0123456789"
-
 
 # ------------------------------------------------------------------------ isolation
 
@@ -146,11 +142,8 @@ def test_a_revoked_token_stays_revoked_after_its_name_gets_a_new_one(tmp_path: P
 
 @pytest.fixture
 def party_b(tmp_path: Path) -> Iterator[PartyBProcess]:
-    guest, _host = breast_pair()
-    server = PartyBProcess(tmp_path / "party_b", guest, {"alice": ALICE, "mallory": MALLORY})
-    server.start()
-    yield server
-    server.stop()
+    with breast_party_b(tmp_path / "party_b", {"alice": ALICE, "mallory": MALLORY}) as server:
+        yield server
 
 
 def _cli_b(*args: str) -> subprocess.CompletedProcess[str]:

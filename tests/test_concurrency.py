@@ -20,20 +20,16 @@ from party_a.trainer import PartyATrainer
 from shared.training import state_sha256
 from tests.utils.data import breast_pair
 from tests.utils.party_a import breast_config, make_trainer
-from tests.utils.servers import REPO_ROOT, PartyBProcess
+from tests.utils.servers import ALICE, REPO_ROOT, PartyBProcess, breast_party_b
 
-ALICE = "alice-token-0123456789"
 RUNS = 20
 STEPS = 20
 
 
 @pytest.fixture
 def party_b(tmp_path: Path) -> Iterator[PartyBProcess]:
-    guest, _host = breast_pair()
-    server = PartyBProcess(tmp_path / "party_b", guest, {"alice": ALICE})
-    server.start()
-    yield server
-    server.stop()
+    with breast_party_b(tmp_path / "party_b") as server:
+        yield server
 
 
 def _overrides(i: int) -> dict[str, Any]:

@@ -34,30 +34,23 @@ from tests.utils.crash import integrity, party_b_checkpoints
 from tests.utils.data import breast_pair
 from tests.utils.faults import Fault, FaultPlan, FaultProxy
 from tests.utils.party_a import breast_config, make_trainer
-from tests.utils.servers import REPO_ROOT, PartyBProcess
+from tests.utils.servers import ALICE, REPO_ROOT, PartyBProcess, breast_party_b
 
 pytestmark = pytest.mark.slow
-
-ALICE = "alice-token-0123456789"
 
 
 @pytest.fixture
 def party_b(tmp_path: Path) -> Iterator[PartyBProcess]:
     """Party B with the checkpoint-stall hook (inactive until a test arms it)."""
-    guest, _host = breast_pair()
-    server = PartyBProcess(
+    with breast_party_b(
         tmp_path / "party_b",
-        guest,
-        {"alice": ALICE},
         module="tests.utils.party_b_faulty",
         env={
             "FEDLITE_TEST_ARM": str(tmp_path / "arm"),
             "FEDLITE_TEST_PAUSED": str(tmp_path / "paused"),
         },
-    )
-    server.start()
-    yield server
-    server.stop()
+    ) as server:
+        yield server
 
 
 @pytest.fixture

@@ -6,10 +6,9 @@ start); test_two_party_http.py runs the same app as a separate ``fedlite-b serve
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
-import numpy as np
-import pandas as pd
 import pytest
 
 from party_b import auth
@@ -18,28 +17,23 @@ from party_b.settings import Limits, Settings
 from party_b.store import make_engine, make_session_factory
 from shared import codec
 from shared.alignment import hmac_ids
-from shared.schedule import batch_digest, batch_positions, split_train_eval
 from tests.utils.live import live_server
-
-TOKEN = "tester-token-0123456789"
-OTHER = "other-token-0123456789"
-PROBLEM = "application/problem+json"
-
-
-def _labels_csv(path: Path, n: int = 64) -> Path:
-    rng = np.random.default_rng(0)
-    frame = pd.DataFrame({"id": [f"u{i:03d}" for i in range(n)], "y": rng.integers(0, 2, n)})
-    for j in range(3):
-        frame[f"b{j}"] = rng.standard_normal(n)
-    frame.to_csv(path, index=False)
-    return path
+from tests.utils.small_runs import (
+    MSGPACK,
+    OTHER,
+    TOKEN,
+    aligned_run,
+    labels_csv,
+    problem,
+    run_spec,
+)
 
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return Settings(
         data_dir=tmp_path / "b",
-        labels=_labels_csv(tmp_path / "labels.csv"),
+        labels=labels_csv(tmp_path / "labels.csv"),
         tokens=f"tester:{TOKEN},other:{OTHER}",
         limits=Limits(max_body_bytes=64 * 1024, max_runs_per_token=2),
     )
@@ -54,61 +48,8 @@ def client(settings: Settings) -> Iterator[httpx.Client]:
         yield c
 
 
-def _spec(**overrides: object) -> dict[str, object]:
-    spec: dict[str, object] = {
-        "name": "t",
-        "model": "tabular_mlp",
-        "top": {"hidden": [8]},
-        "cut_dim": 8,
-        "quantizer": {"mode": "pq", "q": 4, "L": 2},
-        "optimizer": {"name": "sgd", "lr": 0.1},
-        "batch_size": 8,
-        "steps": 5,
-        "seed": 3,
-        "checkpoint_interval": 2,
-        "eval_fraction": 0.25,
-    }
-    spec.update(overrides)
-    return spec
-
-
-def _aligned_run(client: httpx.Client) -> dict[str, object]:
-    run = client.post("/v1/runs", json=_spec()).json()
-    ids = [f"u{i:03d}" for i in range(0, 64, 2)] + ["stranger"]
-    keys = hmac_ids(bytes.fromhex(run["alignment_key"]), ids)
-    answer = client.post(
-        f"/v1/runs/{run['id']}/alignment", json={"hashed_ids": [k.hex() for k in keys]}
-    )
-    assert answer.status_code == 200, answer.text
-    run["aligned"] = [bytes.fromhex(h) for h in answer.json()["intersection"]]
-    return run
-
-
-def _step_body(run: dict[str, object], step: int, *, digest: bytes | None = None) -> bytes:
-    aligned: list[bytes] = run["aligned"]  # type: ignore[assignment]
-    train, _ = split_train_eval(len(aligned), seed=3, eval_fraction=0.25)
-    positions = train[batch_positions(step, batch_size=8, n=len(train), seed=3)]
-    chunk = codec.PQActivations(
-        codebook=np.ones((1, 2, 2), dtype=np.float32), codewords=np.zeros((8, 4), dtype=np.int64)
-    )
-    request = codec.StepRequest(
-        step=step,
-        batch_digest=digest or batch_digest([aligned[p] for p in positions]),
-        chunks=(chunk,),
-    )
-    return codec.encode_step_request(request)
-
-
-def _problem(response: object, status: int, slug: str) -> dict[str, object]:
-    assert response.status_code == status, response.text  # type: ignore[attr-defined]
-    assert response.headers["content-type"] == PROBLEM  # type: ignore[attr-defined]
-    body: dict[str, object] = response.json()  # type: ignore[attr-defined]
-    assert body["type"] == f"urn:fedlite:problem:{slug}"
-    assert body["status"] == status and body["title"] and body["detail"]
-    return body
-
-
-MSGPACK = {"Content-Type": "application/msgpack"}
+def _spec(**overrides: Any) -> dict[str, Any]:
+    return run_spec(**{"steps": 5, **overrides})
 
 
 # ------------------------------------------------------------------------ ops
@@ -130,9 +71,9 @@ def test_health_metrics_and_openapi(client: httpx.Client) -> None:
 
 
 def test_missing_bad_and_revoked_tokens_get_401(client: httpx.Client, settings: Settings) -> None:
-    _problem(client.get("/v1/runs", headers={"Authorization": ""}), 401, "unauthorized")
-    _problem(client.get("/v1/runs", headers={"Authorization": "Basic abc"}), 401, "unauthorized")
-    _problem(
+    problem(client.get("/v1/runs", headers={"Authorization": ""}), 401, "unauthorized")
+    problem(client.get("/v1/runs", headers={"Authorization": "Basic abc"}), 401, "unauthorized")
+    problem(
         client.get("/v1/runs", headers={"Authorization": "Bearer nope-nope-nope-nope"}),
         401,
         "unauthorized",
@@ -142,7 +83,7 @@ def test_missing_bad_and_revoked_tokens_get_401(client: httpx.Client, settings: 
     sessions = make_session_factory(make_engine(settings.resolved_database_url()))
     with sessions() as session:
         assert auth.revoke_token(session, "other")
-    _problem(
+    problem(
         client.get("/v1/runs", headers={"Authorization": f"Bearer {OTHER}"}), 401, "unauthorized"
     )
 
@@ -158,18 +99,18 @@ def test_tokens_are_stored_only_as_hashes(client: httpx.Client, settings: Settin
 
 
 def test_unknown_route_and_method_are_problems(client: httpx.Client) -> None:
-    _problem(client.get("/v2/nothing"), 404, "not-found")
-    _problem(client.delete("/v1/runs"), 405, "method-not-allowed")
+    problem(client.get("/v2/nothing"), 404, "not-found")
+    problem(client.delete("/v1/runs"), 405, "method-not-allowed")
 
 
 def test_wrong_content_types_get_415(client: httpx.Client) -> None:
-    body = _problem(
+    body = problem(
         client.post("/v1/runs", content=b"{}", headers={"Content-Type": "text/plain"}),
         415,
         "unsupported-media-type",
     )
     assert "application/json" in str(body["detail"])
-    _problem(
+    problem(
         client.post(
             "/v1/runs/x/steps", content=b"{}", headers={"Content-Type": "application/json"}
         ),
@@ -180,80 +121,76 @@ def test_wrong_content_types_get_415(client: httpx.Client) -> None:
 
 def test_bodies_over_the_limit_get_413_even_without_content_length(client: httpx.Client) -> None:
     big = b"\0" * (64 * 1024 + 1)
-    _problem(
-        client.post("/v1/runs/x/steps", content=big, headers=MSGPACK), 413, "payload-too-large"
-    )
+    problem(client.post("/v1/runs/x/steps", content=big, headers=MSGPACK), 413, "payload-too-large")
 
     def chunks() -> Iterator[bytes]:  # chunked transfer: no Content-Length to trust
         for _ in range(80):
             yield b"\0" * 1024
 
-    _problem(
+    problem(
         client.post("/v1/runs/x/steps", content=chunks(), headers=MSGPACK), 413, "payload-too-large"
     )
 
 
 def test_invalid_json_config_gets_422_with_every_error(client: httpx.Client) -> None:
-    body = _problem(
+    body = problem(
         client.post("/v1/runs", json=_spec(batch_size=0, seed=-1)), 422, "invalid-request"
     )
-    locations = {tuple(e["loc"]) for e in body["errors"]}  # type: ignore[attr-defined]
+    locations = {tuple(e["loc"]) for e in body["errors"]}
     assert ("body", "batch_size") in locations and ("body", "seed") in locations
-    _problem(
+    problem(
         client.post("/v1/runs", content=b"{not json", headers={"Content-Type": "application/json"}),
         422,
         "invalid-request",
     )
-    bad_top = _problem(
+    bad_top = problem(
         client.post("/v1/runs", json=_spec(top={"hidden": [0]})), 422, "invalid-request"
     )
     assert "top model" in str(bad_top["detail"])
-    over = _problem(client.post("/v1/runs", json=_spec(batch_size=10**6)), 422, "limit-exceeded")
+    over = problem(client.post("/v1/runs", json=_spec(batch_size=10**6)), 422, "limit-exceeded")
     assert "limit" in str(over["detail"])
 
 
 def test_run_quota_per_token_gets_429(client: httpx.Client) -> None:
     assert client.post("/v1/runs", json=_spec()).status_code == 201
     assert client.post("/v1/runs", json=_spec()).status_code == 201
-    _problem(client.post("/v1/runs", json=_spec()), 429, "too-many-runs")
+    problem(client.post("/v1/runs", json=_spec()), 429, "too-many-runs")
 
 
 # ------------------------------------------------------------------------ training endpoints
 
 
 def test_a_rejected_step_changes_nothing(client: httpx.Client) -> None:
-    run = _aligned_run(client)
-    url = f"/v1/runs/{run['id']}/steps"
+    run = aligned_run(client, steps=5)
+    url = f"/v1/runs/{run.id}/steps"
 
-    _problem(client.post(url, content=b"\xc1garbage", headers=MSGPACK), 400, "malformed-message")
-    _problem(
-        client.post(url, content=_step_body(run, 1, digest=b"12345678"), headers=MSGPACK),
+    problem(client.post(url, content=b"\xc1garbage", headers=MSGPACK), 400, "malformed-message")
+    problem(
+        client.post(url, content=run.step_body(1, digest=b"12345678"), headers=MSGPACK),
         409,
         "batch-mismatch",
     )
-    _problem(
-        client.post(url, content=_step_body(run, 2), headers=MSGPACK), 409, "step-out-of-order"
-    )
-    assert client.get(f"/v1/runs/{run['id']}").json()["step"] == 0
+    problem(client.post(url, content=run.step_body(2), headers=MSGPACK), 409, "step-out-of-order")
+    assert client.get(f"/v1/runs/{run.id}").json()["step"] == 0
 
-    ok = client.post(url, content=_step_body(run, 1), headers=MSGPACK)
+    ok = client.post(url, content=run.step_body(1), headers=MSGPACK)
     assert ok.status_code == 200 and ok.headers["content-type"] == "application/msgpack"
     answer = codec.decode_step_response(ok.content)
     assert answer.step == 1 and answer.grad.shape == (8, 8)
-    assert client.get(f"/v1/runs/{run['id']}").json()["step"] == 1
+    assert client.get(f"/v1/runs/{run.id}").json()["step"] == 1
 
 
 def test_steps_before_alignment_and_after_finish_are_refused(client: httpx.Client) -> None:
     created = client.post("/v1/runs", json=_spec()).json()
-    _problem(
+    problem(
         client.post(f"/v1/runs/{created['id']}/steps", content=b"\x80", headers=MSGPACK),
         409,
         "run-state",
     )
-    run = _aligned_run(client)
-    assert client.post(f"/v1/runs/{run['id']}/finish").json()["status"] == "finished"
-    _problem(
-        client.post(f"/v1/runs/{run['id']}/steps", content=_step_body(run, 1), headers=MSGPACK),
+    run = aligned_run(client, steps=5)
+    assert client.post(f"/v1/runs/{run.id}/finish").json()["status"] == "finished"
+    problem(
+        client.post(f"/v1/runs/{run.id}/steps", content=run.step_body(1), headers=MSGPACK),
         409,
         "run-state",
     )
@@ -272,9 +209,9 @@ def test_alignment_keeps_only_common_ids_and_is_idempotent(client: httpx.Client)
     assert first.json() == again.json()
     assert len(first.json()["intersection"]) == 32
     assert first.json()["train"] + first.json()["eval"] == 32
-    _problem(client.post(url, json={"hashed_ids": hashed[:20]}), 409, "run-state")
+    problem(client.post(url, json={"hashed_ids": hashed[:20]}), 409, "run-state")
     bad = client.post("/v1/runs", json=_spec()).json()
-    _problem(
+    problem(
         client.post(f"/v1/runs/{bad['id']}/alignment", json={"hashed_ids": ["zz"]}),
         422,
         "invalid-request",
@@ -282,9 +219,9 @@ def test_alignment_keeps_only_common_ids_and_is_idempotent(client: httpx.Client)
 
 
 def test_resume_to_a_missing_checkpoint_lists_the_kept_ones(client: httpx.Client) -> None:
-    run = _aligned_run(client)
-    body = _problem(
-        client.post(f"/v1/runs/{run['id']}/resume", json={"from_step": 4}),
+    run = aligned_run(client, steps=5)
+    body = problem(
+        client.post(f"/v1/runs/{run.id}/resume", json={"from_step": 4}),
         409,
         "checkpoint-not-found",
     )

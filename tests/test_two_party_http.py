@@ -22,12 +22,9 @@ from shared.accounting import pq_step_request_bytes, raw_step_request_bytes
 from shared.schedule import batch_digest, batch_positions
 from tests.utils.data import breast_pair
 from tests.utils.party_a import breast_config, make_trainer
-from tests.utils.servers import PartyBProcess
+from tests.utils.servers import ALICE, MALLORY, PartyBProcess, breast_party_b
 
 pytestmark = pytest.mark.slow
-
-ALICE = "alice-token-0123456789"
-MALLORY = "mallory-token-0123456789"
 
 
 @pytest.fixture
@@ -68,11 +65,8 @@ def _step_log(party_b: PartyBProcess, run_id: str) -> list[dict[str, int]]:
 
 @pytest.fixture
 def party_b(tmp_path: Path) -> Iterator[PartyBProcess]:
-    guest, _host = breast_pair()
-    server = PartyBProcess(tmp_path / "party_b", guest, {"alice": ALICE, "mallory": MALLORY})
-    server.start()
-    yield server
-    server.stop()
+    with breast_party_b(tmp_path / "party_b", {"alice": ALICE, "mallory": MALLORY}) as server:
+        yield server
 
 
 def _bottom_checksum(trainer: object) -> str:

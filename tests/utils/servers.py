@@ -6,11 +6,17 @@ import socket
 import ssl
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from party_b.launch import wait_until_healthy
+from tests.utils.data import breast_pair
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+ALICE = "alice-token-0123456789"
+MALLORY = "mallory-token-0123456789"
 
 
 def free_port() -> int:
@@ -95,3 +101,18 @@ class PartyBProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@contextmanager
+def breast_party_b(
+    data_dir: Path, tokens: dict[str, str] | None = None, **kwargs: Any
+) -> Iterator[PartyBProcess]:
+    """``fedlite-b serve`` on FATE's breast guest table (alice's token by default), started
+    and stopped around the block; ``kwargs`` go to :class:`PartyBProcess`."""
+    guest, _host = breast_pair()  # skips (or fails in CI) without ../shared/data
+    server = PartyBProcess(data_dir, guest, tokens or {"alice": ALICE}, **kwargs)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
