@@ -44,10 +44,9 @@ from shared.alignment import hmac_ids, order_by_raw_id
 from shared.models import cut_dim as model_cut_dim
 from shared.schedule import (
     BatchSchedule,
-    ClientBatches,
-    ShuffledBatches,
     StepBatch,
     batch_digest,
+    make_schedule,
     split_train_eval,
 )
 
@@ -239,19 +238,20 @@ class PartyATrainer:
 
     def _batch_schedule(self) -> BatchSchedule:
         run = self.config.run
-        if run.schedule.kind == "clients":
-            if self.features.groups is None:
-                raise ConfigError(
-                    "the 'clients' schedule needs the client of every row: set [data] group_column"
-                )
-            groups = self.features.groups
-            return ClientBatches(
-                [groups[r] for r in self.rows[self.train_pos].tolist()],
-                clients_per_step=run.schedule.clients_per_step,
-                batch_size=run.batch_size,
-                seed=run.seed,
+        if run.schedule.kind == "shuffle":
+            return make_schedule(n=len(self.train_pos), batch_size=run.batch_size, seed=run.seed)
+        groups = self.features.groups
+        if groups is None:
+            raise ConfigError(
+                "the 'clients' schedule needs the client of every row: set [data] group_column"
             )
-        return ShuffledBatches(n=len(self.train_pos), batch_size=run.batch_size, seed=run.seed)
+        return make_schedule(
+            n=len(self.train_pos),
+            batch_size=run.batch_size,
+            seed=run.seed,
+            clients=[groups[r] for r in self.rows[self.train_pos].tolist()],
+            clients_per_step=run.schedule.clients_per_step,
+        )
 
     def batch(self, step: int) -> StepBatch:
         """Step ``step``'s rows as positions into the aligned list, and its chunk sizes."""

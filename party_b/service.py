@@ -66,10 +66,9 @@ from shared.psi import (
 from shared.quantizer import GroupedProductQuantizer, PQCode, PQConfig
 from shared.schedule import (
     BatchSchedule,
-    ClientBatches,
-    ShuffledBatches,
     StepBatch,
     batch_digest,
+    make_schedule,
     split_train_eval,
     step_seed,
 )
@@ -847,20 +846,21 @@ class RunService:
 
     def _batch_schedule(self, spec: RunCreate, train_rows: np.ndarray) -> BatchSchedule:
         """The run's schedule over its train samples (``train_rows``: their label rows)."""
-        if spec.schedule.kind == "clients":
-            groups = self._labels.groups
-            if groups is None:  # checked at creation; party B restarted without the column
-                raise ProblemError.run_state(
-                    "this run samples by client, and party B's labels have no client column "
-                    "now: restart it with the label table's client column configured"
-                )
-            return ClientBatches(
-                [groups[r] for r in train_rows.tolist()],
-                clients_per_step=spec.schedule.clients_per_step,
-                batch_size=spec.batch_size,
-                seed=spec.seed,
+        if spec.schedule.kind == "shuffle":
+            return make_schedule(n=len(train_rows), batch_size=spec.batch_size, seed=spec.seed)
+        groups = self._labels.groups
+        if groups is None:  # checked at creation; party B restarted without the column
+            raise ProblemError.run_state(
+                "this run samples by client, and party B's labels have no client column "
+                "now: restart it with the label table's client column configured"
             )
-        return ShuffledBatches(n=len(train_rows), batch_size=spec.batch_size, seed=spec.seed)
+        return make_schedule(
+            n=len(train_rows),
+            batch_size=spec.batch_size,
+            seed=spec.seed,
+            clients=[groups[r] for r in train_rows.tolist()],
+            clients_per_step=spec.schedule.clients_per_step,
+        )
 
     @staticmethod
     def _batch(state: _RunState, step: int) -> StepBatch:

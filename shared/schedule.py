@@ -28,6 +28,7 @@ __all__ = [
     "StepBatch",
     "batch_digest",
     "batch_positions",
+    "make_schedule",
     "split_train_eval",
     "step_seed",
 ]
@@ -170,3 +171,23 @@ class ClientBatches:
             take = rng.permutation(len(members))[: self.batch_size]
             parts.append(members[take])
         return StepBatch(np.concatenate(parts), tuple(len(p) for p in parts))
+
+
+def make_schedule(
+    *,
+    n: int,
+    batch_size: int,
+    seed: int,
+    clients: Sequence[str] | None = None,
+    clients_per_step: int = 1,
+) -> BatchSchedule:
+    """The run's schedule over its ``n`` train positions, built the same way on both sides:
+    :class:`ShuffledBatches`, or with ``clients`` (the client of each train position)
+    :class:`ClientBatches` of ``clients_per_step`` clients per step."""
+    if clients is None:
+        return ShuffledBatches(n=n, batch_size=batch_size, seed=seed)
+    if len(clients) != n:
+        raise ValueError(f"{len(clients)} clients for {n} train positions")
+    return ClientBatches(
+        clients, clients_per_step=clients_per_step, batch_size=batch_size, seed=seed
+    )
