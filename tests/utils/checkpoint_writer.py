@@ -17,6 +17,7 @@ import hashlib
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy.orm import Session
@@ -78,12 +79,8 @@ def write_party_b(database: Path) -> None:
             )  # fmt: skip
             session.commit()
         steps = store.checkpoint_steps(session, "r")
-    step = steps[-1] if steps else 0
-    stall = _install_stall()
-    while True:
-        step += 1
-        _current_step[0] = step
-        print(f"begin {step}", flush=True)
+
+    def save(step: int) -> None:
         with sessions() as session:
             store.save_checkpoint(
                 session,
@@ -96,7 +93,8 @@ def write_party_b(database: Path) -> None:
                 keep=KEEP,
             )
             session.commit()
-        _after_commit(stall, step)
+
+    _write_forever(steps[-1] if steps else 0, save)
 
 
 def write_party_a(database: Path) -> None:
@@ -107,15 +105,24 @@ def write_party_a(database: Path) -> None:
         LocalRun(server="s", name="r", remote_id="r", config={}, alignment_key="00")
     )
     steps = local.checkpoint_steps(run.id)
-    step = steps[-1] if steps else 0
+
+    def save(step: int) -> None:
+        local.save_checkpoint(
+            run.id, step, payload(step, "model"), payload(step, "optimizer"), keep=KEEP
+        )
+
+    _write_forever(steps[-1] if steps else 0, save)
+
+
+def _write_forever(last: int, save: Callable[[int], None]) -> None:
+    """Checkpoints last+1, last+2, ... through ``save``, announcing each (see the docstring)."""
     stall = _install_stall()
+    step = last
     while True:
         step += 1
         _current_step[0] = step
         print(f"begin {step}", flush=True)
-        local.save_checkpoint(
-            run.id, step, payload(step, "model"), payload(step, "optimizer"), keep=KEEP
-        )
+        save(step)
         _after_commit(stall, step)
 
 
