@@ -1,53 +1,79 @@
-# Two commands set everything up on a fresh machine with only Python 3.11 and pip:
-#   make demo   -- trains over real HTTP on bundled data (scikit-learn's breast cancer set)
-#   make test   -- ruff, mypy and pytest
-PYTHON ?= python3.11
-VENV   := .venv
-BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# Two commands set everything up on a fresh machine with Python 3.11, 3.12 or 3.13 and pip:
+#   make demo   -- trains over real HTTP on bundled data (scikit-learn's breast cancer set);
+#                  installs the product alone (torch + the runtime dependencies)
+#   make test   -- ruff, mypy and pytest; installs the development extras too (.[dev])
+# Both install through docker/install.sh with the pins of constraints.txt (`make lock`).
 
-.PHONY: install test lint typecheck pytest demo bench loadtest clean
+# The first supported Python on PATH; 3.11 first (the CPU torch wheel our machines carry).
+PYTHON ?= $(firstword $(foreach p,python3.11 python3.12 python3.13 python3,$(shell command -v $(p) 2>/dev/null)))
+VENV    := .venv
+BIN     := $(VENV)/bin
+PRODUCT := $(VENV)/.installed-product
+DEV     := $(VENV)/.installed-dev
+INSTALL_INPUTS := $(BIN)/python pyproject.toml constraints.txt docker/install.sh
+
+.PHONY: install install-product test lint typecheck pytest demo bench loadtest lock clean
 
 $(BIN)/python:
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
+	@test -n "$(PYTHON)" || { echo "need Python 3.11, 3.12 or 3.13 on PATH (or PYTHON=...)"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' \
+		|| { echo "$(PYTHON) is not Python 3.11-3.13 (set PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
 # docker/install.sh is the one install recipe, shared with the Dockerfiles: torch goes first
 # and exactly pinned (any other spec downloads several GB of CUDA packages), then the project.
-$(STAMP): $(BIN)/python pyproject.toml docker/install.sh
-	PYTHON=$(PYTHON) sh docker/install.sh $(VENV) -e '.[dev,postgres]'
-	@touch $(STAMP)
+$(PRODUCT): $(INSTALL_INPUTS)
+	PYTHON=$(PYTHON) sh docker/install.sh $(VENV) -e .
+	@touch $@
 
-install: $(STAMP)
+$(DEV): $(INSTALL_INPUTS)
+	PYTHON=$(PYTHON) sh docker/install.sh $(VENV) -e '.[dev]'
+	@touch $@ $(PRODUCT)
 
-lint: $(STAMP)
+install-product: $(PRODUCT)
+
+install: $(DEV)
+
+lint: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: $(STAMP)
+typecheck: $(DEV)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(DEV)
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest
 
-demo: $(STAMP)
+demo: $(PRODUCT)
 	$(BIN)/python examples/demo.py
 
 # Benchmarks write benchmarks/results/*.json; the report renders them into docs/PERFORMANCE.md.
-bench: $(STAMP)
+bench: $(DEV)
 	$(BIN)/python -m benchmarks.codec
 	$(BIN)/python -m benchmarks.quantizer --threads 1 --activations benchmarks/data/activations.npz --out benchmarks/results/quantizer-1thread.json
 	$(BIN)/python -m benchmarks.quantizer --activations benchmarks/data/activations.npz
 	$(BIN)/python -m benchmarks.step
 	$(BIN)/python -m benchmarks.throughput
 	$(BIN)/python -m benchmarks.memory
+	$(BIN)/python -m benchmarks.schedule
 	$(BIN)/python -m benchmarks.report
 
 # Locust, headless, against a party B started on 127.0.0.1 (exit code 1 = SLO missed).
-loadtest: $(STAMP)
+loadtest: $(DEV)
 	$(BIN)/python -m loadtests.run --users 4 --run-time 60s --max-fail-ratio 0 --max-p99-ms 2000
+
+# constraints.txt: every dependency and extra pinned, for Python 3.11-3.13 on any platform
+# (uv's universal resolution). torch's CUDA packages are left out: we install the CPU build.
+NO_CUDA := cuda-bindings cuda-pathfinder cuda-toolkit nvidia-cublas nvidia-cuda-cupti \
+	nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile \
+	nvidia-curand nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-nccl-cu13 \
+	nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx triton
+lock: $(DEV)
+	$(BIN)/uv pip compile pyproject.toml --all-extras --universal --python-version 3.11 \
+		--no-annotate --custom-compile-command "make lock" \
+		$(addprefix --no-emit-package ,$(NO_CUDA)) --output-file constraints.txt
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -5,7 +5,14 @@ The msgpack bodies of the training endpoints are described in docs/PROTOCOL.md i
 """
 
 from api_schemas.alignment import PsiInfo
-from api_schemas.problems import PROBLEM_CONTENT_TYPE, Problem, ProblemType
+from api_schemas.problems import (
+    MSGPACK_CONTENT_TYPE,
+    PROBLEM_CONTENT_TYPE,
+    PROBLEMS,
+    Problem,
+    ProblemKind,
+    ProblemType,
+)
 from api_schemas.runs import (
     AlignmentIn,
     AlignmentOut,
@@ -25,6 +32,8 @@ from api_schemas.runs import (
 )
 
 __all__ = [
+    "MSGPACK_CONTENT_TYPE",
+    "PROBLEMS",
     "PROBLEM_CONTENT_TYPE",
     "AlignmentIn",
     "AlignmentOut",
@@ -33,6 +42,7 @@ __all__ = [
     "EvalResultOut",
     "OptimizerSpec",
     "Problem",
+    "ProblemKind",
     "ProblemType",
     "PsiInfo",
     "QuantizerSpec",

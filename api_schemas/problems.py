@@ -2,9 +2,11 @@
 
 Every error party B sends is ``application/problem+json`` whose ``type`` is one of the stable
 URNs below; clients switch on ``type``, never on the human-readable ``title``/``detail``.
+Each type has one HTTP status and one title (``PROBLEMS``), bound here and nowhere else.
 """
 
 from enum import StrEnum
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -17,25 +19,55 @@ _PREFIX = "urn:fedlite:problem:"
 class ProblemType(StrEnum):
     """Stable problem types. Adding one is fine; renaming one breaks clients."""
 
-    UNAUTHORIZED = _PREFIX + "unauthorized"  # 401: no, malformed or revoked token
-    NOT_FOUND = _PREFIX + "not-found"  # 404: no such route, or a run the token cannot see
-    METHOD_NOT_ALLOWED = _PREFIX + "method-not-allowed"  # 405
-    MALFORMED_MESSAGE = _PREFIX + "malformed-message"  # 400: msgpack body failed to decode
-    INVALID_REQUEST = _PREFIX + "invalid-request"  # 422: JSON body or parameters invalid
-    SHAPE_MISMATCH = _PREFIX + "shape-mismatch"  # 422: activations do not fit the run
-    LIMIT_EXCEEDED = _PREFIX + "limit-exceeded"  # 422: over an operator limit (B, d, q, L, ...)
-    TOO_MANY_RUNS = _PREFIX + "too-many-runs"  # 429: the token's run quota is used up
-    PAYLOAD_TOO_LARGE = _PREFIX + "payload-too-large"  # 413: body over the size limit
-    UNSUPPORTED_MEDIA_TYPE = _PREFIX + "unsupported-media-type"  # 415: wrong Content-Type
-    STEP_OUT_OF_ORDER = _PREFIX + "step-out-of-order"  # 409: not the next step (see expected_step)
-    STEP_REPLAY_MISMATCH = _PREFIX + "step-replay-mismatch"  # 409: applied step resent, other body
-    BATCH_MISMATCH = _PREFIX + "batch-mismatch"  # 409: batch digest differs from party B's batch
-    RUN_STATE = _PREFIX + "run-state"  # 409: operation not allowed in the run's current status
-    CHECKPOINT_NOT_FOUND = _PREFIX + "checkpoint-not-found"  # 409: resume to a step not kept
-    TRAINING_DIVERGED = _PREFIX + "training-diverged"  # 422: NaN/Inf loss; step not applied
-    UNKNOWN_IDS = _PREFIX + "unknown-ids"  # 422: prediction ids party B does not hold
-    IDEMPOTENCY_KEY_REUSED = _PREFIX + "idempotency-key-reused"  # 422: same key, other body
-    INTERNAL = _PREFIX + "internal"  # 500: a bug on party B's side, never caller input
+    UNAUTHORIZED = _PREFIX + "unauthorized"  # no, malformed or revoked token
+    NOT_FOUND = _PREFIX + "not-found"  # no such route, or a run the token cannot see
+    METHOD_NOT_ALLOWED = _PREFIX + "method-not-allowed"
+    MALFORMED_MESSAGE = _PREFIX + "malformed-message"  # msgpack body failed to decode
+    INVALID_REQUEST = _PREFIX + "invalid-request"  # JSON body or parameters invalid
+    SHAPE_MISMATCH = _PREFIX + "shape-mismatch"  # activations do not fit the run
+    ACTIVATIONS_OUT_OF_RANGE = _PREFIX + "activations-out-of-range"  # finite, but overflow
+    LIMIT_EXCEEDED = _PREFIX + "limit-exceeded"  # over an operator limit (B, d, q, L, ...)
+    TOO_MANY_RUNS = _PREFIX + "too-many-runs"  # the token's run quota is used up
+    PAYLOAD_TOO_LARGE = _PREFIX + "payload-too-large"  # body over the size limit
+    UNSUPPORTED_MEDIA_TYPE = _PREFIX + "unsupported-media-type"  # wrong Content-Type
+    STEP_OUT_OF_ORDER = _PREFIX + "step-out-of-order"  # not the next step (see expected_step)
+    STEP_REPLAY_MISMATCH = _PREFIX + "step-replay-mismatch"  # applied step resent, other body
+    BATCH_MISMATCH = _PREFIX + "batch-mismatch"  # batch digest differs from party B's batch
+    RUN_STATE = _PREFIX + "run-state"  # operation not allowed in the run's current status
+    CHECKPOINT_NOT_FOUND = _PREFIX + "checkpoint-not-found"  # resume to a step not kept
+    TRAINING_DIVERGED = _PREFIX + "training-diverged"  # NaN/Inf loss; step not applied
+    UNKNOWN_IDS = _PREFIX + "unknown-ids"  # prediction ids party B does not hold
+    IDEMPOTENCY_KEY_REUSED = _PREFIX + "idempotency-key-reused"  # same key, other body
+    INTERNAL = _PREFIX + "internal"  # a bug or damaged state on party B's side, never input
+
+
+class ProblemKind(NamedTuple):
+    status: int  # the HTTP status every problem of this type is sent with
+    title: str  # the same short summary for every occurrence (RFC 9457 section 3.1.3)
+
+
+PROBLEMS: dict[ProblemType, ProblemKind] = {
+    ProblemType.UNAUTHORIZED: ProblemKind(401, "Unauthorized"),
+    ProblemType.NOT_FOUND: ProblemKind(404, "Not found"),
+    ProblemType.METHOD_NOT_ALLOWED: ProblemKind(405, "Method not allowed"),
+    ProblemType.MALFORMED_MESSAGE: ProblemKind(400, "Malformed message"),
+    ProblemType.INVALID_REQUEST: ProblemKind(422, "Invalid request"),
+    ProblemType.SHAPE_MISMATCH: ProblemKind(422, "Activations do not fit the run"),
+    ProblemType.ACTIVATIONS_OUT_OF_RANGE: ProblemKind(422, "Activations out of range"),
+    ProblemType.LIMIT_EXCEEDED: ProblemKind(422, "Over a server limit"),
+    ProblemType.TOO_MANY_RUNS: ProblemKind(429, "Too many open runs"),
+    ProblemType.PAYLOAD_TOO_LARGE: ProblemKind(413, "Payload too large"),
+    ProblemType.UNSUPPORTED_MEDIA_TYPE: ProblemKind(415, "Unsupported media type"),
+    ProblemType.STEP_OUT_OF_ORDER: ProblemKind(409, "Step out of order"),
+    ProblemType.STEP_REPLAY_MISMATCH: ProblemKind(409, "Step already applied with another body"),
+    ProblemType.BATCH_MISMATCH: ProblemKind(409, "Batch mismatch"),
+    ProblemType.RUN_STATE: ProblemKind(409, "Not allowed in the run's status"),
+    ProblemType.CHECKPOINT_NOT_FOUND: ProblemKind(409, "No such checkpoint"),
+    ProblemType.TRAINING_DIVERGED: ProblemKind(422, "Training diverged"),
+    ProblemType.UNKNOWN_IDS: ProblemKind(422, "Unknown ids"),
+    ProblemType.IDEMPOTENCY_KEY_REUSED: ProblemKind(422, "Idempotency key reused"),
+    ProblemType.INTERNAL: ProblemKind(500, "Internal error"),
+}
 
 
 class Problem(BaseModel):

@@ -1,8 +1,9 @@
 """JSON bodies of party B's run endpoints (``/v1/runs...``)."""
 
+from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -18,9 +19,15 @@ class RunStatus(StrEnum):
 
 
 class _Strict(BaseModel):
-    # NaN/Infinity parse from JSON (Python's json module accepts them) but cannot be sent back
-    # as JSON, and no hyper-parameter is meaningful at infinity: refuse them on the way in.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    """Base of every model the API reads: no unknown fields, no coercion between JSON types.
+
+    Strict: ``"10"``, ``true`` and ``10.0`` are not the integer 10 (a string once rolled a run
+    back), ``1`` is not ``true``; an integer is still a valid float. NaN/Infinity parse from
+    JSON (Python's json module accepts them) but cannot be sent back as JSON, and no
+    hyper-parameter is meaningful at infinity: refuse them on the way in.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 MAX_STEP = 2**63 - 1  # steps are 64-bit signed ints on the wire and in the database
@@ -90,12 +97,24 @@ class RunCreate(_Strict):
     )
     steps: int = Field(ge=1, description="training steps the run will take")
     seed: int = Field(ge=0, lt=2**63)
+    schedule_version: Literal[1, 2] = Field(
+        default=2,
+        description="how the train/eval split and every step's rows are derived from the seed: "
+        "2 = SHA-256 draws (docs/PROTOCOL.md, 'Derived values'); 1 = numpy's generator, the "
+        "version of runs stored before the field existed (not reproducible outside Python)",
+    )
     checkpoint_interval: int = Field(default=50, ge=1, description="steps between checkpoints")
     eval_fraction: float = Field(default=0.2, ge=0, lt=1)
     use_side_features: bool = Field(
         default=True, description="feed party B's own feature columns to the top model"
     )
     grad_dtype: Literal["float32", "float16"] = "float32"
+
+    @classmethod
+    def from_stored(cls, config: Mapping[str, Any]) -> Self:
+        """A run spec as party B stored it: a run stored before ``schedule_version`` existed
+        used version 1, and keeps using it, so that it resumes bit-identically."""
+        return cls.model_validate({"schedule_version": 1, **config})
 
     @model_validator(mode="after")
     def _pq_fits_cut_dim(self) -> Self:

@@ -12,13 +12,32 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(
+    os.environ.get("FEDLITE_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data"
+)
+TOKEN = "benchmark-token-0123456789"
+
+
+@contextmanager
+def party_b_server(
+    data_dir: Path, labels: Path, *, malloc_tuning: bool = True, torch_threads: int | None = None
+) -> Iterator[str]:
+    """``fedlite-b serve`` on 127.0.0.1 with TOKEN (and the glibc malloc settings of
+    docs/PERFORMANCE.md unless ``malloc_tuning`` is off); yields its URL."""
+    from party_b.launch import MALLOC_TUNING, local_party_b  # here: benchmarks import no party
+
+    extra = ["--torch-threads", str(torch_threads)] if torch_threads else []
+    env = MALLOC_TUNING if malloc_tuning else {}
+    with local_party_b(data_dir, labels, {"benchmark": TOKEN}, extra_args=extra, env=env) as url:
+        yield url
 
 
 def versions(*packages: str) -> dict[str, str | None]:

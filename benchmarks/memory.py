@@ -27,8 +27,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.common import SHARED_DATA, versions, write_result
-from loadtests.run import ROOT, TOKEN, party_b
+from benchmarks.common import ROOT, SHARED_DATA, TOKEN, party_b_server, versions, write_result
 from loadtests.scenarios import SCENARIOS, StepSchedule, hashed_ids, read_ids, write_label_table
 
 IMAGES = 400  # about two FEMNIST writers' worth: party A in the paper is one client
@@ -290,13 +289,17 @@ def main() -> None:
         a_labels.write_text(
             "id,y\n" + "".join(f"{i},{y}\n" for i, y in zip(ids, labels, strict=True))
         )
-        with party_b(work / "b-for-a", a_labels, malloc_tuning=not args.no_malloc_tuning) as url:
+        with party_b_server(
+            work / "b-for-a", a_labels, malloc_tuning=not args.no_malloc_tuning
+        ) as url:
             party_a = measure_party_a(url, work, ids, images, args.steps)
         print("party A", json.dumps(party_a), flush=True)
         party_b_result: dict[str, Any] = {}
         if not args.party_a_only:
             b_labels = write_label_table(work / "b-labels.csv", n=2000)
-            with party_b(work / "b", b_labels, malloc_tuning=not args.no_malloc_tuning) as url:
+            with party_b_server(
+                work / "b", b_labels, malloc_tuning=not args.no_malloc_tuning
+            ) as url:
                 party_b_result = measure_party_b(url, b_labels, max(args.steps, 600), args.runs)
             print("party B", json.dumps(party_b_result), flush=True)
     path = write_result(

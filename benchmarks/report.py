@@ -172,6 +172,26 @@ def memory_tables(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def schedule_table(doc: dict[str, Any]) -> list[str]:
+    lines = [
+        f"*{_load_note(doc)}; `{doc['command']}`*",
+        "",
+        "| task (aligned ids, clients) | version | split ms | shuffle: epoch ms | shuffle: "
+        "per step, amortized ms | clients: build ms | clients: per step ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["rows"]:
+        clients = f", {r['clients']} clients" if "clients" in r else ""
+        build = _ms(r["clients_build"]["median_ms"]) if "clients_build" in r else "–"
+        step = _ms(r["clients_step"]["median_ms"]) if "clients_step" in r else "–"
+        lines.append(
+            f"| {r['task']} ({r['aligned']:,}{clients}) | {r['version']} "
+            f"| {_ms(r['split']['median_ms'])} | {_ms(r['shuffle_epoch']['median_ms'])} "
+            f"| {_ms(r['shuffle_amortized_ms'])} | {build} | {step} |"
+        )
+    return lines
+
+
 def render() -> str:
     out: list[str] = []
     sections = [
@@ -186,6 +206,7 @@ def render() -> str:
             throughput_table,
         ),
         ("Memory", "memory", memory_tables),
+        ("Deriving the split and the batches (schedule versions)", "schedule", schedule_table),
     ]
     for title, name, table in sections:
         doc = _load(name)

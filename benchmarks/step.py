@@ -2,7 +2,7 @@
 
 Party A here is the product's ``BottomTrainer`` (FEMNIST CNN bottom, B=20, d=9216) on real
 FEMNIST images; party B is the product's ``RunService``, called directly (in process, through
-the experiments' ``InProcessTransport``) or behind ``fedlite-b serve`` on 127.0.0.1 (over
+``party_b.inprocess.InProcessTransport``) or behind ``fedlite-b serve`` on 127.0.0.1 (over
 HTTP, ``HttpTransport``). Four sessions train side by side, interleaved in blocks of steps
 so that they share the noise of a shared machine: {FedLite q=1152 L=2, SplitFed raw} x
 {in process, HTTP}.
@@ -29,16 +29,25 @@ import numpy as np
 import torch
 
 from api_schemas import RunCreate
-from benchmarks.common import SHARED_DATA, summary_ms, timed, versions, write_result
-from experiments.inprocess import InProcessTransport, in_process_party_b
-from loadtests.run import TOKEN, party_b
+from benchmarks.common import (
+    SHARED_DATA,
+    TOKEN,
+    party_b_server,
+    summary_ms,
+    timed,
+    versions,
+    write_result,
+)
 from party_a.bottom import BottomTrainer
 from party_a.client import HttpTransport, Transport
+from party_a.errors import problem_from_body
+from party_b.inprocess import InProcessTransport, in_process_party_b
 from party_b.labels import load_label_table
 from shared import codec
 from shared.alignment import hmac_ids
 from shared.correction import correct_gradient
 from shared.models import seed_dropout
+from shared.quantizer import GroupedProductQuantizer, PQConfig
 from shared.schedule import batch_digest, batch_positions, split_train_eval, step_seed
 
 A_PARTS = ["bottom_fwd", "quantize", "encode_request", "round_trip", "decode_response",
@@ -78,6 +87,7 @@ class Session:
     step: int = 0
     times: dict[str, list[float]] = field(default_factory=dict)
     last: dict[str, bytes] = field(default_factory=dict)
+    quantizer: GroupedProductQuantizer | None = None  # None for SplitFed (raw)
 
     def prepare(self, ids: list[str]) -> None:
         run = self.transport.create_run(self.spec)
@@ -90,7 +100,9 @@ class Session:
         self.train_pos, _ = split_train_eval(len(self.aligned), seed=0, eval_fraction=0.2)
 
     def train_step(self, images: np.ndarray, *, record: bool) -> None:
-        """One step, as BottomTrainer.request/apply do it, with a timer around each part."""
+        """One step as ``BottomTrainer.request`` / ``apply`` do it, from the same public parts
+        (``shared.quantizer``, ``shared.codec``, ``shared.correction``), with a timer around
+        each; the first step checks that its request is byte-identical to ``request``'s."""
         t = self.step + 1
         positions = self.train_pos[
             batch_positions(t, batch_size=self.spec.batch_size, n=len(self.train_pos), seed=0)
@@ -98,17 +110,20 @@ class Session:
         digest = batch_digest([self.aligned[p] for p in positions])
         x = images[self.rows[positions]]
         bottom = self.bottom
+        expected = bottom.request(t, x, digest).body if t == 1 else None
         marks = [time.perf_counter()]
         bottom.model.train()
         seed_dropout(bottom.model, step_seed(bottom.seed, t, "dropout-bottom"))
-        z = bottom.model(bottom._input(x))
+        z = bottom.model(torch.from_numpy(np.ascontiguousarray(x)).float())
         marks.append(time.perf_counter())
-        chunks, z_tilde = bottom._compress(z, t, "kmeans", None)
+        chunks, z_tilde = self.compress(z.detach(), t)
         marks.append(time.perf_counter())
         body = codec.encode_step_request(
             codec.StepRequest(step=t, batch_digest=digest, chunks=chunks)
         )
         marks.append(time.perf_counter())
+        if expected is not None and body != expected:
+            raise AssertionError("the timed step is not the product's: request bytes differ")
         response = self.transport.step(self.run_id, body)
         marks.append(time.perf_counter())
         answer = codec.decode_step_response(response)
@@ -127,6 +142,14 @@ class Session:
             for part, start, stop in zip(A_PARTS, marks[:-1], marks[1:], strict=True):
                 self.times.setdefault(part, []).append(stop - start)
             self.times.setdefault("total", []).append(marks[-1] - marks[0])
+
+    def compress(self, z: torch.Tensor, step: int) -> tuple[tuple[codec.Activations], torch.Tensor]:
+        """One chunk for the wire and the z~ party B rebuilds from it (as BottomTrainer)."""
+        if self.quantizer is None:
+            return (codec.RawActivations(z.numpy()),), z
+        code = self.quantizer.encode(z, seed=step_seed(self.bottom.seed, step, "kmeans-0"))
+        chunk = codec.PQActivations(code.codebook.numpy(), code.codewords.numpy())
+        return (chunk,), self.quantizer.decode(code)
 
 
 def spec(mode: str) -> RunCreate:
@@ -163,6 +186,13 @@ def bottom_for(mode: str) -> BottomTrainer:
         optimizer={"name": "sgd", "lr": 0.01},
         seed=0,
     )
+
+
+def quantizer_for(mode: str) -> GroupedProductQuantizer | None:
+    """The quantizer ``bottom_for(mode)`` builds for d=9216 (BottomTrainer's defaults)."""
+    if mode != "fedlite":
+        return None
+    return GroupedProductQuantizer(9216, PQConfig(q=1152, L=2, R=1, iterations=10))
 
 
 def party_b_parts(session: Session) -> dict[str, Any]:
@@ -215,14 +245,21 @@ def main() -> None:
             f.write("id,y\n" + "".join(f"{i},{y}\n" for i, y in zip(ids, labels, strict=True)))
         source = load_label_table(table, id_column="id", label_column="y", feature_columns=None)
         service, caller = in_process_party_b(source, work / "inprocess.sqlite")
-        with party_b(work / "party_b", table, malloc_tuning=not args.no_malloc_tuning) as url:
+        tuning = not args.no_malloc_tuning
+        with party_b_server(work / "party_b", table, malloc_tuning=tuning) as url:
             http = HttpTransport(url, TOKEN)
-            local = InProcessTransport(service, caller)
+            local = InProcessTransport(service, caller, problem=problem_from_body)
             local.step_log = lambda run_id: [  # type: ignore[attr-defined]
                 r.model_dump() for r in service.step_log(caller, run_id, 0, 100_000)
             ]
             sessions = [
-                Session(f"{mode}/{where}", transport, spec(mode), bottom_for(mode))
+                Session(
+                    f"{mode}/{where}",
+                    transport,
+                    spec(mode),
+                    bottom_for(mode),
+                    quantizer=quantizer_for(mode),
+                )
                 for mode in ("fedlite", "splitfed")
                 for where, transport in (("inprocess", local), ("http", http))
             ]

@@ -1,7 +1,7 @@
 """Party B throughput: steps/s and p50/p99 under locust with 1, 4 and 16 concurrent runs, and
 its own in-process throughput with the same concurrency (the 80 % target).
 
-Over HTTP: ``loadtests.run`` starts ``fedlite-b serve`` on 127.0.0.1 and runs locust
+Over HTTP: ``python -m loadtests.run`` starts ``fedlite-b serve`` on 127.0.0.1 and runs locust
 headless; steps/s is party B's own count of applied steps (``/metrics``) over a window that
 starts after run creation and alignment, p50/p99 and failures are locust's for the step
 requests. In process: the same ``RunService`` in this process, one thread per run, each doing
@@ -13,18 +13,20 @@ kind of window. Both sides therefore spend the same client work; the difference 
 """
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import versions, write_result
-from experiments.inprocess import in_process_party_b
-from loadtests import run as loadrun
+from benchmarks.common import ROOT, versions, write_result
 from loadtests.scenarios import SCENARIOS, StepSchedule, hashed_ids, read_ids, write_label_table
+from party_b.inprocess import in_process_party_b
 from party_b.labels import load_label_table
 from shared import codec
 
@@ -90,19 +92,35 @@ def in_process(scenario_name: str, users: int, warmup: float, window: float) -> 
 def over_http(
     scenario: str, users: int, run_time: float, warmup: float, torch_threads: int | None
 ) -> dict[str, Any]:
+    """``python -m loadtests.run`` (its command line, as a user runs it) and its summary."""
     extra = ["--torch-threads", str(torch_threads)] if torch_threads else []
-    args = loadrun.build_parser().parse_args(
-        [
-            *extra,
-            "--scenarios", scenario,
-            "--users", str(users),
-            "--run-time", f"{run_time:.0f}s",
-            "--warmup", str(warmup),
-            "--max-fail-ratio", "0",
-            "--max-p99-ms", "1000000",
-        ]
-    )  # fmt: skip
-    code, summary = loadrun.run(args)
+    with tempfile.TemporaryDirectory(prefix="fedlite-tp-") as tmp:
+        out = Path(tmp) / "summary.json"
+        code = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "loadtests.run",
+                *extra,
+                "--scenarios",
+                scenario,
+                "--users",
+                str(users),
+                "--run-time",
+                f"{run_time:.0f}s",
+                "--warmup",
+                str(warmup),
+                "--max-fail-ratio",
+                "0",
+                "--max-p99-ms",
+                "1000000",
+                "--out",
+                str(out),
+            ],  # fmt: skip
+            cwd=ROOT,
+            check=False,
+        ).returncode
+        summary: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     steps = {k: v for k, v in summary.get("locust", {}).items() if "/steps" in k}
     step: dict[str, Any] = next(iter(steps.values()), {})
     return {

@@ -1,6 +1,8 @@
 # Party B (label holder): the `fedlite-b serve` HTTP service.
 #   docker build -f docker/party_b.Dockerfile -t fedlite-b .      (from the repository root)
-# Volumes: /data (label table, read-only), /state (SQLite file, PSI key; back it up).
+# Volumes: /data (label table, read-only), /state (SQLite file, PSI key; back it up),
+# /certs (TLS certificate and key; owned by the image's user, so that a fresh named volume is
+# too and the compose demo's certificate job can write into it).
 # Config: FEDLITE_B_* environment variables (docker/env/party_b.env), see docs/DEPLOY.md.
 
 FROM python:3.11-slim-bookworm AS build
@@ -8,8 +10,13 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # The CPU-only torch wheel; docker/install.sh installs it first, exactly as `make install` does.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# torch in a layer of its own, before any code: it is rebuilt only when install.sh or the pins
+# change, so a code change does not download its 192 MB wheel (754 MB installed) again.
 COPY docker/install.sh docker/install.sh
+COPY constraints.txt constraints.txt
+RUN PYTHON=python3.11 TORCH_INDEX_URL="$TORCH_INDEX_URL" sh docker/install.sh /opt/venv
+# then the project and its dependencies, every version pinned by constraints.txt
+COPY pyproject.toml README.md ./
 COPY api_schemas api_schemas
 COPY shared shared
 COPY party_a party_a
@@ -18,8 +25,8 @@ RUN PYTHON=python3.11 TORCH_INDEX_URL="$TORCH_INDEX_URL" sh docker/install.sh /o
 
 FROM python:3.11-slim-bookworm
 RUN useradd --system --uid 10001 --user-group --no-create-home fedlite \
-    && mkdir -p /data /state \
-    && chown fedlite:fedlite /state
+    && mkdir -p /data /state /certs \
+    && chown fedlite:fedlite /state /certs
 COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \

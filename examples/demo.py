@@ -7,12 +7,14 @@
 3. Party A runs ``fedlite-a train`` with FedLite compression, then asks for predictions
    (serving after training).
 4. Party B is shut down cleanly (SIGTERM).
+5. The closing lines count every byte that crossed, both ways: uplink, downlink, id alignment.
 
 Everything goes to a fresh directory (default ./demo-state, wiped first).
 """
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import socket
@@ -21,6 +23,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent
 HERE = Path(__file__).resolve().parent
@@ -32,8 +35,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(*cmd: str) -> str:
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+def run(*cmd: str, env: dict[str, str] | None = None) -> str:
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     return out.stdout.strip()
 
 
@@ -49,6 +52,25 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -
         except OSError:
             time.sleep(0.2)
     raise SystemExit("party B did not become healthy")
+
+
+def traffic(summary: dict[str, Any]) -> str:
+    """Every byte ``fedlite-a train`` exchanged with party B (HTTP message bodies), by part."""
+    steps = max(summary["last_step"], 1)
+    sent, received = summary["http_bytes_sent"], summary["http_bytes_received"]
+    rows = [
+        ("uplink, training steps", summary["bytes_sent"],
+         f"{summary['bytes_sent'] / steps:,.0f} B a step; SplitFed: {summary['raw_bytes']:,} B, "
+         f"{summary['compression']:.1f}x more"),
+        ("downlink, training steps", summary["bytes_received"],
+         f"{summary['bytes_received'] / steps:,.0f} B a step: gradients"),
+        ("id alignment, both ways", summary["alignment_bytes"], "PSI and the run's id hashes"),
+        ("everything, both ways", sent + received,
+         f"{sent:,} B sent, {received:,} B received; with set-up, evaluation"),
+    ]  # fmt: skip
+    width = max(len(f"{n:,}") for _label, n, _note in rows)
+    lines = [f"  {label:<24} {n:>{width},} B  ({note})" for label, n, note in rows]
+    return "traffic of fedlite-a train (HTTP message bodies):\n" + "\n".join(lines)
 
 
 def main() -> int:
@@ -77,16 +99,21 @@ def main() -> int:
     try:
         wait_healthy(url, party_b)
         print(f"party B is serving on {url} (SQLite: {b_dir / 'party_b.sqlite'})\n")
+        party_a_env = {**os.environ, "FEDLITE_A_TOKEN": token}  # not on the command line
         session = [
-            *("--server", url, "--token", token, "--features", features),
+            *("--server", url, "--features", features),
             *("--config", str(HERE / "breast.toml"), "--state-dir", str(a_dir / "state")),
         ]
         summary_path = args.dir / "summary.json"
         subprocess.run(
             [str(BIN / "fedlite-a"), "train", *session, "--summary-json", str(summary_path)],
             check=True,
+            env=party_a_env,
         )
-        predictions = run(str(BIN / "fedlite-a"), "predict", *session, "--ids", "s0000,s0001,s0019")
+        predictions = run(
+            str(BIN / "fedlite-a"), "predict", *session, "--ids", "s0000,s0001,s0019",
+            env=party_a_env,
+        )  # fmt: skip
     finally:
         party_b.send_signal(signal.SIGTERM)
         code = party_b.wait(timeout=30)
@@ -96,16 +123,11 @@ def main() -> int:
     metrics = summary["eval_metrics"]
     print("\nserving after training (party B's scores for three of party A's ids):")
     print(predictions)
-    per_step = summary["bytes_sent"] / max(summary["last_step"], 1)
     print(
         f"\nheld-out accuracy {metrics['eval_accuracy']:.4f}, AUC {metrics['eval_auc']:.4f} "
-        f"({metrics.get('eval_loss', float('nan')):.4f} loss) after {summary['last_step']} steps "
-        f"of {per_step:.0f} uplink bytes each"
+        f"({metrics.get('eval_loss', float('nan')):.4f} loss) after {summary['last_step']} steps"
     )
-    print(
-        f"uplink: {summary['bytes_sent']:,} bytes sent; SplitFed would have sent "
-        f"{summary['raw_bytes']:,} ({summary['compression']:.1f}x more)"
-    )
+    print(traffic(summary))
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it: -SIGTERM is the clean exit
     clean = code in (0, -signal.SIGTERM)
     print(

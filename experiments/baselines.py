@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from experiments.tasks import TaskData, load_task
 from party_b.top import TopTrainer
 from shared.accounting import PAPER_PHI
-from shared.models import build_bottom, build_top, cut_dim
+from shared.models import build_bottom, build_top, cut_dim, output_kwarg, takes_tokens
 from shared.schedule import split_train_eval
 
 __all__ = ["FedAvgConfig", "PartyBOnlyConfig", "run_fedavg", "run_party_b_only"]
@@ -58,13 +58,12 @@ class _FullModel(nn.Module):
 
 
 def _output_kwarg(task: TaskData) -> dict[str, int]:
-    name = {"femnist_cnn": "num_classes", "so_tag": "num_tags", "next_token_lstm": "vocab_size"}
-    return {name[task.model]: task.labels.num_outputs}
+    return {output_kwarg(task.model): task.labels.num_outputs}
 
 
 def _inputs(task: TaskData, rows: np.ndarray) -> Tensor:
     x = torch.from_numpy(np.ascontiguousarray(task.features.x[rows]))
-    return x.long() if task.model == "next_token_lstm" else x.float()
+    return x.long() if takes_tokens(task.model) else x.float()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Party A is ``party_a.trainer.PartyATrainer`` with its local SQLite store; party B is
 ``party_b.service.RunService`` on its own SQLite file, reached either in-process
-(``experiments.inprocess.InProcessTransport``) or over real HTTP (``fedlite-b serve`` in a
+(``party_b.inprocess.InProcessTransport``) or over real HTTP (``fedlite-b serve`` in a
 subprocess, ``party_a.client.HttpTransport``). No step is re-implemented here: this module
 only builds the config, evaluates every ``eval_every`` steps and counts bits.
 
@@ -28,20 +28,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.inprocess import EXPERIMENT_LIMITS, InProcessTransport, in_process_party_b
 from experiments.tasks import TASK_ENV, TaskData, load_task
 from party_a.bottom import StepResult
 from party_a.client import HttpTransport, Transport
 from party_a.config import load_config
+from party_a.errors import problem_from_body
 from party_a.state import LocalStore
 from party_a.trainer import PartyATrainer, TrainSummary
+from party_b.inprocess import InProcessTransport, in_process_party_b
 from party_b.launch import wait_until_healthy
+from party_b.settings import Limits
 from shared.accounting import PAPER_PHI, paper_message_bits, pq_step_request_bytes
 from shared.models import build_bottom, cut_dim
 
 __all__ = ["RunConfig", "run_split", "bottom_parameters", "paper_uplink_bits"]
 
 HTTP_TOKEN = "experiments-http-token-0123456789"
+
+# Whole evaluation sets travel in one request (Shakespeare's held-out 5 % is ~32,000 token
+# rows); the HTTP party B of the spot checks gets the same limits through its environment.
+EXPERIMENT_LIMITS = Limits(max_batch=1 << 20, max_aligned_ids=1 << 24)
 
 
 @dataclass(frozen=True)
@@ -201,8 +207,10 @@ def http_party_b(config: RunConfig, workdir: Path) -> Iterator[str]:
 @contextmanager
 def _transport(config: RunConfig, task: TaskData, workdir: Path) -> Iterator[tuple[Transport, str]]:
     if config.transport == "inprocess":
-        service, caller = in_process_party_b(task.labels, workdir / "party_b.sqlite")
-        yield InProcessTransport(service, caller), "in-process"
+        service, caller = in_process_party_b(
+            task.labels, workdir / "party_b.sqlite", limits=EXPERIMENT_LIMITS
+        )
+        yield InProcessTransport(service, caller, problem=problem_from_body), "in-process"
     elif config.transport == "http":
         with http_party_b(config, workdir) as url, HttpTransport(url, HTTP_TOKEN) as transport:
             yield transport, url

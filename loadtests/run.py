@@ -19,10 +19,7 @@ is party B's own count over a window that excludes run creation and alignment.
 import argparse
 import csv
 import json
-import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,20 +32,11 @@ from typing import Any
 import httpx
 
 from loadtests.scenarios import DEFAULT_IDS, SCENARIOS, write_label_table
-from party_b.launch import wait_until_healthy
+from party_b.launch import MALLOC_TUNING, local_party_b
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 TOKEN = "loadtest-token-0123456789"
-# glibc returns freed buffers above 128 KiB to the OS and faults them back in on the next
-# request (~2.4 us per 4 KiB page here); a 737 KB gradient per step pays that every time.
-MALLOC_TUNING = {"MALLOC_MMAP_THRESHOLD_": "67108864", "MALLOC_TRIM_THRESHOLD_": "268435456"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
@@ -56,33 +44,10 @@ def party_b(
     data_dir: Path, labels: Path, *, malloc_tuning: bool = True, torch_threads: int | None = None
 ) -> Iterator[str]:
     """``fedlite-b serve`` on a free 127.0.0.1 port; yields its URL, SIGTERMs it at the end."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    data_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable, "-m", "party_b.cli", "serve",
-        "--port", str(port),
-        "--data-dir", str(data_dir),
-        "--labels", str(labels),
-        "--tokens", f"loadtest:{TOKEN}",
-        "--log-level", "warning",
-    ]  # fmt: skip
-    if torch_threads:
-        cmd += ["--torch-threads", str(torch_threads)]
-    env = {**os.environ, **(MALLOC_TUNING if malloc_tuning else {})}
-    log = (data_dir / "party_b.log").open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    try:
-        wait_until_healthy(url, proc, log_path=data_dir / "party_b.log", timeout=60)
+    extra = ["--torch-threads", str(torch_threads)] if torch_threads else []
+    env = MALLOC_TUNING if malloc_tuning else {}
+    with local_party_b(data_dir, labels, {"loadtest": TOKEN}, extra_args=extra, env=env) as url:
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def applied_steps(url: str) -> float:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from party_a.client import Transport
 from party_a.errors import ProtocolError
 from party_a.state import LocalStore, PsiResult
+from shared.codec import CodecError
 from shared.psi import (
     PSI_PROTOCOL,
     PsiClient,
@@ -61,7 +62,7 @@ def private_intersection(
         raw_reply = transport.psi(body)
         reply = decode_psi_reply(raw_reply)
         common = client.intersection(reply.setup, reply.response)
-    except PsiError as exc:
+    except (PsiError, CodecError) as exc:
         raise ProtocolError(f"party B's PSI reply: {exc}") from None
     seconds = time.perf_counter() - started
     # The reply names the id set it was computed on; it wins if party B changed meanwhile.

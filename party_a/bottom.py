@@ -19,14 +19,12 @@ from torch import Tensor
 from party_a.errors import ProtocolError
 from shared import codec
 from shared.correction import correct_gradient
-from shared.models import build_bottom, build_seeded, seed_dropout
+from shared.models import build_bottom, build_seeded, seed_dropout, takes_tokens
 from shared.quantizer import GroupedProductQuantizer, PQConfig
 from shared.schedule import step_seed
 from shared.training import make_optimizer, state_from_bytes, state_to_bytes
 
 __all__ = ["BottomTrainer", "PendingStep", "StepResult"]
-
-_TOKEN_MODELS = {"next_token_lstm"}  # models whose input is integer token ids
 
 
 @dataclass
@@ -64,7 +62,7 @@ class BottomTrainer:
         self.model = build_seeded(lambda: build_bottom(model, **bottom_kwargs), seed)
         self.optimizer = make_optimizer(self.model.parameters(), optimizer)
         self.seed = seed
-        self.tokens = model in _TOKEN_MODELS
+        self.tokens = takes_tokens(model)
         self.lam = float(quantizer.get("lambda", 0.0))
         self.codebook_dtype: codec.WireFloat = quantizer.get("codebook_dtype", "float32")
         self.pq = quantizer["mode"] == "pq"

@@ -7,6 +7,11 @@ timeouts and 5xx are retried with exponential backoff and jitter until ``retry_f
 seconds have passed -- long enough for party B to be restarted under a process supervisor.
 Anything problem+json becomes a typed
 :class:`party_a.errors.ProblemResponse`.
+
+What waiting cannot fix is not retried: a URL without ``http://`` or ``https://``, plain HTTP
+sent to party B's TLS port (or TLS to a plain port), and a certificate that fails
+verification raise :class:`party_a.errors.ConfigError` at once, each with the fix
+(:mod:`party_a.connection_errors`).
 """
 
 import json
@@ -24,7 +29,8 @@ from pydantic import BaseModel
 
 from api_schemas import AlignmentIn, AlignmentOut, PsiInfo, ResumeIn, RunCreate, RunOut
 from api_schemas.problems import MSGPACK_CONTENT_TYPE, PROBLEM_CONTENT_TYPE
-from party_a.errors import ProtocolError, TransportError, problem_from_body
+from party_a.connection_errors import check_base_url, configuration_fault
+from party_a.errors import ConfigError, ProtocolError, TransportError, problem_from_body
 
 __all__ = ["HttpTransport", "Transport"]
 
@@ -61,15 +67,19 @@ class HttpTransport:
         retry_for: float = 300.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        self._ca_bundle = ca_bundle
         self._client = httpx.Client(
-            base_url=base_url.rstrip("/"),
+            base_url=check_base_url(base_url),
             headers={"Authorization": f"Bearer {token}", "User-Agent": "fedlite-a/1"},
-            timeout=httpx.Timeout(timeout, connect=10.0),
-            verify=ssl.create_default_context(cafile=str(ca_bundle)) if ca_bundle else True,
+            timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
+            verify=_trust(ca_bundle),
         )
         self._retry_for = retry_for
         self._sleep = sleep
         self.retries = 0  # retried attempts so far (reported in the training summary)
+        # message bodies of every exchange that got an answer, retries included (bytes)
+        self.bytes_sent = 0
+        self.bytes_received = 0
 
     def close(self) -> None:
         self._client.close()
@@ -173,12 +183,13 @@ class HttpTransport:
                 response = self._client.request(method, path, **kwargs)
             except httpx.TransportError as exc:
                 failure = f"{type(exc).__name__}: {exc}"
-                if _tls_refused(exc):  # a wrong certificate does not heal by waiting
-                    raise TransportError(
-                        f"{method} {path}: TLS verification of party B failed ({failure}); "
-                        "pass the CA that signed its certificate with --ca-bundle"
-                    ) from None
+                # a wrong URL or certificate does not heal by waiting: fail now, with the fix
+                fault = configuration_fault(exc, self._client.base_url, self._ca_bundle)
+                if fault is not None:
+                    raise ConfigError(f"{method} {path}: {fault}") from None
             else:
+                self.bytes_sent += len(kwargs.get("content") or b"")
+                self.bytes_received += len(response.content)
                 if response.status_code < 400:
                     return response
                 if response.status_code not in _RETRY_STATUS:
@@ -206,16 +217,19 @@ class HttpTransport:
         )
 
 
-def _tls_refused(exc: BaseException) -> bool:
-    """Whether a transport error was caused by a certificate that failed verification."""
-    seen: BaseException | None = exc
-    for _ in range(8):  # httpx -> httpcore -> ssl: walk the (short) chain of causes
-        if seen is None:
-            return False
-        if isinstance(seen, ssl.SSLCertVerificationError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+def _trust(ca_bundle: Path | None) -> ssl.SSLContext | bool:
+    """The TLS trust for party B: the system's CAs, or only those of ``ca_bundle``."""
+    if ca_bundle is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=str(ca_bundle))
+    except FileNotFoundError:
+        raise ConfigError(f"CA bundle {ca_bundle} does not exist (--ca-bundle)") from None
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(
+            f"CA bundle {ca_bundle} is not a PEM file of CA certificates ({exc}); "
+            "pass the certificate of the CA that signed party B's certificate"
+        ) from None
 
 
 def _media(response: httpx.Response) -> str:

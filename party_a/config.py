@@ -42,7 +42,9 @@ Example (every table but [run] is optional)::
     # group_column = "writer"    # the client of each row; the 'clients' schedule needs it
 """
 
+import difflib
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -51,7 +53,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from api_schemas import BatchScheduleSpec, OptimizerSpec, QuantizerSpec, RunCreate, ShuffleSchedule
 from party_a.errors import ConfigError
 
-__all__ = ["PartyAConfig", "load_config"]
+__all__ = ["ENVIRONMENT", "PartyAConfig", "check_environment", "load_config"]
+
+# Every FEDLITE_A_* variable party A reads; any other is a mistake (as an unknown TOML key is).
+ENVIRONMENT = {
+    "FEDLITE_A_SERVER": "party B's base URL (--server)",
+    "FEDLITE_A_TOKEN": "the API token party B issued (--token)",
+    "FEDLITE_A_CA_BUNDLE": "CA certificates to trust for party B (--ca-bundle)",
+    "FEDLITE_A_STATE_DIR": "party A's state directory (--state-dir)",
+}
 
 ModelKwargs = dict[str, int | float | list[int]]
 
@@ -162,3 +172,22 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> PartyAConfig:
         lines = [f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
         where = f" in {path}" if path else ""
         raise ConfigError(f"invalid configuration{where}:\n" + "\n".join(lines)) from None
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """ConfigError for a FEDLITE_A_* variable party A does not read (a typo would otherwise
+    silently fall back to a default)."""
+    unknown = sorted(
+        k for k in environ if k.upper().startswith("FEDLITE_A_") and k not in ENVIRONMENT
+    )
+    if not unknown:
+        return
+    lines = []
+    for name in unknown:
+        close = difflib.get_close_matches(name.upper(), ENVIRONMENT, n=1)
+        lines.append(f"  {name}" + (f" (did you mean {close[0]}?)" if close else ""))
+    raise ConfigError(
+        "unknown environment variable(s):\n"
+        + "\n".join(lines)
+        + f"\nparty A reads only {', '.join(ENVIRONMENT)}"
+    )

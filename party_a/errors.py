@@ -3,7 +3,8 @@
 ::
 
     FedliteError
-     ├── ConfigError            a config file or flag that cannot work
+     ├── ConfigError            a config file, flag, URL or certificate that cannot work
+     │    └── RunNotFound           no run of that name in party A's state (never created)
      ├── TransportError         party B unreachable after every retry
      ├── ProtocolError          a response that is not what the protocol promises
      └── ProblemResponse        party B answered with problem+json (type, status, detail)
@@ -29,6 +30,7 @@ __all__ = [
     "NotFound",
     "ProblemResponse",
     "ProtocolError",
+    "RunNotFound",
     "RunStateConflict",
     "StepOutOfOrder",
     "StepReplayMismatch",
@@ -44,7 +46,17 @@ class FedliteError(Exception):
 
 
 class ConfigError(FedliteError):
-    pass
+    """Waiting will not fix it: never retried; the CLIs exit with code 2."""
+
+
+class RunNotFound(ConfigError):
+    """Party A's state has no run ``name`` for ``server``; evaluate, predict and finish
+    refuse rather than create an untrained run at party B."""
+
+    def __init__(self, name: str, server: str) -> None:
+        super().__init__(f"no run named {name!r} for party B at {server} in party A's state")
+        self.name = name
+        self.server = server
 
 
 class TransportError(FedliteError):

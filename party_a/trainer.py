@@ -34,6 +34,7 @@ from party_a.errors import (
     ConfigError,
     NotFound,
     ProtocolError,
+    RunNotFound,
     StepOutOfOrder,
 )
 from party_a.features import FeatureTable
@@ -42,7 +43,9 @@ from shared import codec
 from shared.accounting import raw_step_request_bytes
 from shared.alignment import hmac_ids, order_by_raw_id
 from shared.models import cut_dim as model_cut_dim
+from shared.models import input_width_kwarg
 from shared.schedule import (
+    SCHEDULE_VERSION,
     BatchSchedule,
     StepBatch,
     batch_digest,
@@ -101,8 +104,9 @@ class PartyATrainer:
         self.server = server
         self.on_step = on_step
         bottom_kwargs = dict(config.model.bottom)
-        if config.run.model == "tabular_mlp":
-            bottom_kwargs.setdefault("in_features", features.x.shape[1])
+        width_kwarg = input_width_kwarg(config.run.model)
+        if width_kwarg is not None:
+            bottom_kwargs.setdefault(width_kwarg, features.x.shape[1])
         self.bottom_kwargs = bottom_kwargs
         self.cut_dim = model_cut_dim(config.run.model, **bottom_kwargs)
         self.bottom = BottomTrainer(
@@ -121,6 +125,7 @@ class PartyATrainer:
         self.train_pos: np.ndarray = np.zeros(0, dtype=np.int64)
         self.eval_pos: np.ndarray = np.zeros(0, dtype=np.int64)
         self.batches: BatchSchedule | None = None  # set by prepare()
+        self.schedule_version = SCHEDULE_VERSION  # the run's, as party B recorded it
 
     # ================================================================== set-up
 
@@ -129,10 +134,16 @@ class PartyATrainer:
         assert self.local is not None, "call prepare() first"
         return self.local.remote_id
 
-    def prepare(self) -> RunOut:
-        """Find the local run (or create it at party B), align ids, restore the checkpoint."""
+    def prepare(self, *, create: bool = True) -> RunOut:
+        """Find the local run (or create it at party B), align ids, restore the checkpoint.
+
+        ``create=False`` (evaluate, predict, finish): a run this state has no record of is
+        :class:`RunNotFound`, never a new, untrained run at party B.
+        """
         spec = self.config.run_create(self.cut_dim)
         local = self.store.find_run(self.server, self.config.run.name)
+        if local is None and not create:
+            raise RunNotFound(self.config.run.name, self.server)
         if local is not None and local.config != self._fingerprint():
             raise ConfigError(
                 f"a run named {self.config.run.name!r} with another configuration exists in "
@@ -159,6 +170,7 @@ class PartyATrainer:
             )
             log.info("created run %s at party B", remote.id)
         self.local = local
+        self.schedule_version = remote.config.schedule_version  # party B's record decides
         self._align(local)
         checkpoint = self.store.load_checkpoint(local.id)
         if checkpoint is None:
@@ -233,13 +245,19 @@ class PartyATrainer:
             len(self.aligned),
             seed=self.config.run.seed,
             eval_fraction=self.config.run.eval_fraction,
+            version=self.schedule_version,
         )
         self.batches = self._batch_schedule()
 
     def _batch_schedule(self) -> BatchSchedule:
         run = self.config.run
         if run.schedule.kind == "shuffle":
-            return make_schedule(n=len(self.train_pos), batch_size=run.batch_size, seed=run.seed)
+            return make_schedule(
+                n=len(self.train_pos),
+                batch_size=run.batch_size,
+                seed=run.seed,
+                version=self.schedule_version,
+            )
         groups = self.features.groups
         if groups is None:
             raise ConfigError(
@@ -251,6 +269,7 @@ class PartyATrainer:
             seed=run.seed,
             clients=[groups[r] for r in self.rows[self.train_pos].tolist()],
             clients_per_step=run.schedule.clients_per_step,
+            version=self.schedule_version,
         )
 
     def batch(self, step: int) -> StepBatch:

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from party_b.store import ApiToken, RevokedToken
+from party_b.store.tables import ApiToken, RevokedToken
 
 __all__ = ["authenticate", "hash_token", "issue_token", "register_token", "revoke_token"]
 

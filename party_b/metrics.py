@@ -41,6 +41,11 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.grad_fallbacks = Counter(
+            "fedlite_b_grad_fallbacks",
+            "step gradients sent as float32 because they overflow the run's grad_dtype",
+            registry=self.registry,
+        )
         self.live_runs = Gauge(
             "fedlite_b_live_runs", "runs with models in memory", registry=self.registry
         )

@@ -1,11 +1,27 @@
-"""Party B's configuration: one pydantic-settings class, from env (FEDLITE_B_*) or flags."""
+"""Party B's configuration: one pydantic-settings class, from env (FEDLITE_B_*) or flags.
 
+An unknown key is an error wherever it comes from: a flag (argparse), a keyword (pydantic's
+``extra="forbid"``) or an environment variable (:func:`check_environment`; pydantic-settings
+alone would ignore ``FEDLITE_B_LIMIT_MAX_BATCHH=5`` and serve with the default).
+"""
+
+import argparse
+import difflib
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Limits", "Settings"]
+__all__ = [
+    "Limits",
+    "Settings",
+    "check_environment",
+    "known_environment",
+    "settings_from_flags",
+]
 
 
 class Limits(BaseSettings):
@@ -68,8 +84,21 @@ class Settings(BaseSettings):
     worker_threads: int = Field(default=8, ge=1, description="concurrent torch requests")
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
-    log_level: str = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="one line per record: text, or one JSON object"
+    )
+    access_log: Literal["quiet", "all", "off"] = Field(
+        default="quiet",
+        description="HTTP access lines: quiet = all but successful training steps, health "
+        "checks and metrics scrapes; all; off",
+    )
     limits: Limits = Field(default_factory=Limits)
+
+    @field_validator("log_level", "log_format", "access_log", mode="before")
+    @classmethod
+    def _lower_case(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
 
     @field_validator("tokens")
     @classmethod
@@ -94,3 +123,50 @@ def parse_token_list(value: str) -> list[tuple[str, str]]:
             raise ValueError(f"token entries must look like 'name:token', got {item!r}")
         pairs.append((name, token))
     return pairs
+
+
+def known_environment() -> set[str]:
+    """Every FEDLITE_B_* variable party B reads (upper case)."""
+    names = {f"FEDLITE_B_{name.upper()}" for name in Settings.model_fields}
+    return names | {f"FEDLITE_B_LIMIT_{name.upper()}" for name in Limits.model_fields}
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """ValueError naming each FEDLITE_B_* variable party B does not read, with the closest
+    known name. Names are matched without regard to case, as pydantic-settings reads them."""
+    known = known_environment()
+    unknown = sorted(
+        k for k in environ if k.upper().startswith("FEDLITE_B_") and k.upper() not in known
+    )
+    if not unknown:
+        return
+    lines = []
+    for name in unknown:
+        close = difflib.get_close_matches(name.upper(), sorted(known), n=1)
+        lines.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    raise ValueError(
+        f"unknown environment variable{'s' if len(lines) > 1 else ''}: {'; '.join(lines)}. "
+        "Every setting is FEDLITE_B_<FLAG> or FEDLITE_B_LIMIT_<LIMIT>: see fedlite-b serve --help"
+    )
+
+
+_FLAG_FIELDS = (
+    "host", "port", "data_dir", "database_url", "labels", "id_column", "label_column",
+    "group_column", "label_source", "tokens", "ssl_certfile", "ssl_keyfile", "log_level",
+    "log_format", "access_log", "torch_threads", "worker_threads",
+)  # fmt: skip
+
+
+def settings_from_flags(args: argparse.Namespace) -> Settings:
+    """Env (FEDLITE_B_*, each one known) first, then any flag given on the command line."""
+    check_environment(os.environ)
+    overrides: dict[str, Any] = {}
+    for field in _FLAG_FIELDS:
+        value = getattr(args, field, None)
+        if value is not None:
+            overrides[field] = value
+    if getattr(args, "verbose", False):
+        overrides["log_level"] = "debug"
+    if getattr(args, "feature_columns", None) is not None:
+        overrides["feature_columns"] = [c for c in args.feature_columns.split(",") if c]
+    return Settings(**overrides)

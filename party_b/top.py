@@ -7,6 +7,10 @@ d loss / d z~ for party A.
 Losses are means over samples, so the gradient party A receives already carries 1/n per
 sample; ``metrics["n"]`` reports that n so party A can scale its gradient correction the same
 way (see shared.correction.correct_gradient's ``sample_weight``).
+
+A training step is two calls: ``compute_step`` (forward, backward, checks: changes no state)
+and ``apply_step`` (the optimizer step: the only change). The service encodes the answer in
+between, so nothing that can fail runs after the model has moved.
 """
 
 from dataclasses import dataclass
@@ -20,7 +24,7 @@ from torch import Tensor
 from shared.models import build_seeded, build_top, seed_dropout
 from shared.training import make_optimizer, state_from_bytes, state_to_bytes
 
-__all__ = ["DivergedError", "EvalOutcome", "StepOutcome", "TopTrainer"]
+__all__ = ["DivergedError", "EvalOutcome", "OutputNotFinite", "StepOutcome", "TopTrainer"]
 
 Task = Literal["classification", "multilabel", "sequence"]
 IGNORE = -100  # sequence targets with this value (padding) take no part in loss or accuracy
@@ -28,6 +32,10 @@ IGNORE = -100  # sequence targets with this value (padding) take no part in loss
 
 class DivergedError(ValueError):
     """The loss or a gradient is NaN/Inf; the optimizer step was not taken."""
+
+
+class OutputNotFinite(ValueError):
+    """Finite activations for which the top model's outputs are not finite (they overflow)."""
 
 
 @dataclass(frozen=True)
@@ -61,17 +69,35 @@ class TopTrainer:
         """``accuracy_excludes``: target classes that count in the loss but not in accuracy
         (the out-of-vocabulary token of a next-token task)."""
         self.model = build_seeded(lambda: build_top(model, cut_dim=cut_dim, **top_kwargs), seed)
+        if any(True for _ in self.model.buffers()):
+            # e.g. BatchNorm's running statistics: compute_step would change them
+            raise ValueError(f"top model {model!r} has buffers, which a forward pass changes")
         self.optimizer = make_optimizer(self.model.parameters(), optimizer)
         self.task = task
         self.cut_dim = cut_dim
         self.accuracy_excludes = torch.tensor(accuracy_excludes, dtype=torch.int64)
+        self._computed = False  # compute_step ran and apply_step has not yet
 
     # ------------------------------------------------------------------ training
 
     def train_step(
         self, z_tilde: Tensor, targets: Tensor, side: Tensor | None, *, dropout_seed: int
     ) -> StepOutcome:
-        """One optimizer step on the top model; returns the loss and d loss / d z~ (rows, d)."""
+        """One optimizer step on the top model: ``compute_step`` then ``apply_step``."""
+        outcome = self.compute_step(z_tilde, targets, side, dropout_seed=dropout_seed)
+        self.apply_step()
+        return outcome
+
+    def compute_step(
+        self, z_tilde: Tensor, targets: Tensor, side: Tensor | None, *, dropout_seed: int
+    ) -> StepOutcome:
+        """Forward and backward of one step: the loss, metrics and d loss / d z~ (rows, d).
+
+        Leaves the parameters' gradients for ``apply_step`` and changes nothing else: not the
+        parameters, not the optimizer's state (the model has no buffers). Raises
+        ``DivergedError`` for a non-finite loss or gradient.
+        """
+        self._computed = False
         self.model.train()
         seed_dropout(self.model, dropout_seed)
         z = z_tilde.detach().requires_grad_(True)
@@ -83,17 +109,23 @@ class TopTrainer:
         # Check before stepping: a rejected step must leave the model exactly as it was.
         if not (torch.isfinite(loss) and torch.isfinite(z.grad).all()):
             raise DivergedError(f"non-finite loss ({float(loss.detach())}) or gradient")
-        self.optimizer.step()
         metrics = {"n": float(n), **self._batch_metrics(logits.detach(), targets)}
+        self._computed = True
         return StepOutcome(loss=float(loss.detach()), metrics=metrics, grad=z.grad)
+
+    def apply_step(self) -> None:
+        """The optimizer step on the gradients the last ``compute_step`` left."""
+        if not self._computed:
+            raise RuntimeError("apply_step without a compute_step before it")
+        self._computed = False
+        self.optimizer.step()
 
     # ------------------------------------------------------------------ serving
 
     @torch.no_grad()
     def evaluate(self, z_tilde: Tensor, targets: Tensor, side: Tensor | None) -> EvalOutcome:
         """Forward only: mean loss and metrics (accuracy; AUC for two classes; recall@5)."""
-        self.model.eval()
-        logits = self.model(z_tilde, side)
+        logits = self._logits(z_tilde, side)
         loss, n = self._loss(logits, targets)
         metrics = self._batch_metrics(logits, targets)
         if self.task == "classification" and logits.shape[1] == 2:
@@ -109,8 +141,7 @@ class TopTrainer:
     @torch.no_grad()
     def predict(self, z_tilde: Tensor, side: Tensor | None) -> Tensor:
         """Forward only: (rows, C) probabilities (softmax; sigmoid per tag for multilabel)."""
-        self.model.eval()
-        logits = self.model(z_tilde, side)
+        logits = self._logits(z_tilde, side)
         return torch.sigmoid(logits) if self.task == "multilabel" else torch.softmax(logits, 1)
 
     # ------------------------------------------------------------------ state
@@ -123,6 +154,18 @@ class TopTrainer:
         self.optimizer.load_state_dict(state_from_bytes(optimizer_state))
 
     # ------------------------------------------------------------------ internals
+
+    def _logits(self, z_tilde: Tensor, side: Tensor | None) -> Tensor:
+        """Forward in eval mode; raises ``OutputNotFinite`` when the outputs overflow."""
+        self.model.eval()
+        logits: Tensor = self.model(z_tilde, side)
+        if not bool(torch.isfinite(logits).all()):
+            largest = float(z_tilde.abs().max()) if z_tilde.numel() else 0.0
+            raise OutputNotFinite(
+                f"the top model's outputs are not finite for these activations (largest "
+                f"|z~| = {largest:.3g}): they overflow float32 inside the model"
+            )
+        return logits
 
     def _loss(self, logits: Tensor, targets: Tensor) -> tuple[Tensor, int]:
         """Mean loss over samples and the number of samples averaged."""

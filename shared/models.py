@@ -40,7 +40,10 @@ __all__ = [
     "build_top",
     "bottom_kwargs",
     "cut_dim",
+    "input_width_kwarg",
+    "output_kwarg",
     "seed_dropout",
+    "takes_tokens",
     "task",
     "top_kwargs",
 ]
@@ -315,7 +318,8 @@ class NextTokenBottom(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# Registry
+# Registry: adding a model is one entry in _SPECS. Both parties, party B's service and the
+# experiments know models only through the lookup functions below.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -327,6 +331,10 @@ class _Spec:
     make_bottom: Callable[..., nn.Module]  # (**bottom kwargs) -> bottom
     make_top: Callable[..., TopModel]  # (cut_dim, **top kwargs) -> top
     cut_dim: Callable[..., int]  # (**bottom kwargs) -> d
+    # what the parties fill in from their own data, and how party A feeds the bottom:
+    output_kwarg: str = "num_classes"  # top kwarg party B sets to its label set's outputs
+    input_width_kwarg: str | None = None  # bottom kwarg party A sets to its feature columns
+    token_input: bool = False  # the bottom takes integer token ids, not floats
 
 
 _SPECS: dict[str, _Spec] = {
@@ -346,6 +354,7 @@ _SPECS: dict[str, _Spec] = {
         make_bottom=TabularBottom,
         make_top=TabularTop,
         cut_dim=lambda in_features, hidden, cut_dim: cut_dim,
+        input_width_kwarg="in_features",
     ),
     "so_tag": _Spec(
         task="multilabel",
@@ -357,6 +366,7 @@ _SPECS: dict[str, _Spec] = {
             cut_dim, nn.Sequential(nn.Linear(cut_dim, num_tags))
         ),
         cut_dim=lambda vocab_size, cut_dim: cut_dim,
+        output_kwarg="num_tags",
     ),
     "next_token_lstm": _Spec(
         task="sequence",
@@ -368,6 +378,8 @@ _SPECS: dict[str, _Spec] = {
             cut_dim, nn.Sequential(nn.Linear(cut_dim, vocab_size))
         ),
         cut_dim=lambda vocab_size, embed_dim, hidden, cut_dim: cut_dim,
+        output_kwarg="vocab_size",
+        token_input=True,
     ),
 }
 
@@ -426,6 +438,21 @@ def bottom_kwargs(name: str) -> dict[str, KwargValue]:
 def top_kwargs(name: str) -> dict[str, KwargValue]:
     """The kwargs ``build_top`` accepts for ``name`` (besides ``cut_dim``), with defaults."""
     return {k: list(v) if isinstance(v, list) else v for k, v in _spec(name).top_defaults.items()}
+
+
+def output_kwarg(name: str) -> str:
+    """The top kwarg that party B fills from its label set: its number of outputs."""
+    return _spec(name).output_kwarg
+
+
+def input_width_kwarg(name: str) -> str | None:
+    """The bottom kwarg that party A fills from its feature table's width, if any."""
+    return _spec(name).input_width_kwarg
+
+
+def takes_tokens(name: str) -> bool:
+    """Whether the bottom's input is integer token ids (int64) rather than floats."""
+    return _spec(name).token_input
 
 
 def cut_dim(name: str, **kwargs: Any) -> int:

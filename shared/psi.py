@@ -24,14 +24,16 @@ HMACs of the ids in X ∩ Y under the run key, never of any other id). Like ever
 can put guessed ids into its own input set and learn which of them the other holds: party B
 bounds that by the size of one request (``max_aligned_ids``) and logs every request.
 
-Wire messages are msgpack maps with the PSI version (``"v"``) and a type tag (``"t"``);
-the PSI library's own messages travel inside them as opaque protobuf ``bin`` fields and are
-parsed only by the library.
+Wire messages use the envelope of every other message (``shared.wire.envelope``: one msgpack
+map with the wire version ``"v"`` and a type tag ``"t"``) and its safe reader; the PSI
+library's own messages travel inside them as opaque protobuf ``bin`` fields and are parsed
+only by the library.
 
 Exceptions::
 
     ValueError
-     └── PsiError          a PSI message that is malformed or cannot be processed
+     ├── CodecError        (shared.wire) a PSI message that is not well-formed msgpack
+     └── PsiError          a PSI message the library cannot process (not points, ...)
           └── PsiTooLarge   a request with more ids than the server takes
 """
 
@@ -40,15 +42,16 @@ import secrets
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
-import msgpack
 import private_set_intersection.python as _psi
 from google.protobuf.message import DecodeError
 
+from shared.wire.envelope import MessageType, open_message, pack
+from shared.wire.reader import DEFAULT_LIMITS, DecodeLimits
+
 __all__ = [
     "PSI_PROTOCOL",
-    "PSI_VERSION",
     "PsiClient",
     "PsiError",
     "PsiReply",
@@ -63,9 +66,8 @@ __all__ = [
     "new_server_key",
 ]
 
-PSI_VERSION: Final = 1
 PSI_PROTOCOL: Final = "ecdh-psi/p256/openmined-psi-2/raw"  # named in GET /v1/psi
-_MAX_MESSAGE: Final = 2**32 - 1  # msgpack's largest bin
+_MAX_VERSION_CHARS: Final = 64  # a dataset version is a short public name
 
 
 class PsiError(ValueError):
@@ -113,64 +115,35 @@ class PsiReply:
 
 
 def encode_psi_request(message: PsiRequest) -> bytes:
-    return _pack({"v": PSI_VERSION, "t": "psi_request", "request": message.request})
+    return pack(MessageType.PSI_REQUEST, {"request": message.request})
 
 
-def decode_psi_request(data: bytes) -> PsiRequest:
-    fields = _unpack(data, "psi_request", {"request"})
-    return PsiRequest(request=_bin(fields, "request"))
+def decode_psi_request(data: bytes, *, limits: DecodeLimits = DEFAULT_LIMITS) -> PsiRequest:
+    """Parse a PsiRequest; raises ``CodecError`` (from ``shared.wire``) for any malformed input."""
+    f = open_message(data, MessageType.PSI_REQUEST, frozenset({"request"}), limits)
+    return PsiRequest(request=f.get_bin("request"))
 
 
 def encode_psi_reply(message: PsiReply) -> bytes:
-    return _pack(
+    return pack(
+        MessageType.PSI_REPLY,
         {
-            "v": PSI_VERSION,
-            "t": "psi_reply",
             "dataset_version": message.dataset_version,
             "setup": message.setup,
             "response": message.response,
-        }
+        },
     )
 
 
-def decode_psi_reply(data: bytes) -> PsiReply:
-    fields = _unpack(data, "psi_reply", {"dataset_version", "setup", "response"})
-    version = fields["dataset_version"]
-    if not isinstance(version, str) or not 1 <= len(version) <= 64:
-        raise PsiError("dataset_version must be a string of 1 to 64 characters")
+def decode_psi_reply(data: bytes, *, limits: DecodeLimits = DEFAULT_LIMITS) -> PsiReply:
+    """Parse a PsiReply; raises ``CodecError`` (from ``shared.wire``) for any malformed input."""
+    keys = frozenset({"dataset_version", "setup", "response"})
+    f = open_message(data, MessageType.PSI_REPLY, keys, limits)
     return PsiReply(
-        dataset_version=version, setup=_bin(fields, "setup"), response=_bin(fields, "response")
+        dataset_version=f.get_str("dataset_version", max_chars=_MAX_VERSION_CHARS),
+        setup=f.get_bin("setup"),
+        response=f.get_bin("response"),
     )
-
-
-def _pack(message: dict[str, Any]) -> bytes:
-    data: bytes = msgpack.packb(message, use_bin_type=True)
-    return data
-
-
-def _unpack(data: bytes, msg_type: str, keys: set[str]) -> dict[str, Any]:
-    try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=_MAX_MESSAGE)
-    except (ValueError, msgpack.UnpackException) as exc:
-        raise PsiError(f"not a msgpack message: {exc}") from None
-    if not isinstance(obj, dict):
-        raise PsiError(f"expected a msgpack map, got {type(obj).__name__}")
-    if obj.get("v") != PSI_VERSION:
-        raise PsiError(f"unsupported PSI version {obj.get('v')!r} (this side speaks {PSI_VERSION})")
-    if obj.get("t") != msg_type:
-        raise PsiError(f"expected a {msg_type} message, got {obj.get('t')!r}")
-    extra = set(obj) - keys - {"v", "t"}
-    missing = keys - set(obj)
-    if extra or missing:
-        raise PsiError(f"{msg_type}: missing fields {sorted(missing)}, unknown {sorted(extra)}")
-    return obj
-
-
-def _bin(fields: dict[str, Any], key: str) -> bytes:
-    value = fields[key]
-    if not isinstance(value, bytes):
-        raise PsiError(f"{key} must be msgpack bin, got {type(value).__name__}")
-    return value
 
 
 # ============================================================================ roles

@@ -1,6 +1,6 @@
 """The 'clients' batch schedule through the real party A trainer and party B service.
 
-Party B runs in-process (experiments.inprocess: the same RunService the HTTP app wraps).
+Party B runs in-process (party_b.inprocess: the same RunService the HTTP app wraps).
 """
 
 from pathlib import Path
@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from experiments.inprocess import InProcessTransport, in_process_party_b
 from experiments.tasks import ClassLabels, TokenLabels
 from party_a.config import load_config
-from party_a.errors import ConfigError, ProblemResponse, ProtocolError
+from party_a.errors import ConfigError, ProblemResponse, ProtocolError, problem_from_body
 from party_a.features import FeatureTable, load_features
 from party_a.state import LocalStore
 from party_a.trainer import PartyATrainer
+from party_b.inprocess import InProcessTransport, in_process_party_b
 from party_b.labels import load_label_table
 from shared.accounting import raw_step_request_bytes
 from shared.schedule import batch_digest
@@ -64,7 +64,7 @@ def _trainer(tmp_path: Path, labels: Any, features: FeatureTable, config: Any) -
     return PartyATrainer(
         config=config,
         features=features,
-        transport=InProcessTransport(service, caller),
+        transport=InProcessTransport(service, caller, problem=problem_from_body),
         store=LocalStore.in_directory(tmp_path / "a"),
         server="in-process",
     )

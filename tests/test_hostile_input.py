@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from party_b.app import create_app
+from party_b.api import create_app
 from party_b.settings import Limits, Settings
 from shared.training import state_from_bytes
 from tests.utils.live import live_server

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.inprocess import in_process_party_b
 from loadtests.scenarios import SCENARIOS, StepSchedule, hashed_ids, read_ids, write_label_table
 from loadtests.slo import Totals, violations
+from party_b.inprocess import in_process_party_b
 from party_b.labels import load_label_table
 from shared import codec
 

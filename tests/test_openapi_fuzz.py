@@ -19,7 +19,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation.modes import GenerationMode
 
-from party_b.app import create_app
+from party_b.api import create_app
 from party_b.settings import Limits, Settings
 from tests.utils.live import live_server
 from tests.utils.small_runs import MSGPACK, TOKEN, aligned_run, labels_csv, run_spec

@@ -14,20 +14,20 @@ import pandas as pd
 import private_set_intersection.python as psi_library
 import pytest
 
-from experiments.inprocess import InProcessTransport
 from party_a.cli import main as main_a
-from party_a.errors import ConfigError
+from party_a.errors import ConfigError, problem_from_body
 from party_a.features import load_features
 from party_a.state import LocalStore
 from party_a.trainer import PartyATrainer
 from party_b import auth
+from party_b.inprocess import InProcessTransport
 from party_b.labels import load_label_table
 from party_b.metrics import Metrics
 from party_b.service import Caller, RunService
 from party_b.settings import Limits
 from party_b.store import make_engine, make_session_factory
+from shared.codec import WIRE_VERSION, CodecError
 from shared.psi import (
-    PSI_VERSION,
     PsiClient,
     PsiError,
     PsiReply,
@@ -105,12 +105,12 @@ def test_psi_messages_round_trip_and_refuse_anything_else() -> None:
         b"",
         b"\xc1",
         msgpack.packb([1, 2]),
-        msgpack.packb({"v": PSI_VERSION + 1, "t": "psi_request", "request": b""}),
-        msgpack.packb({"v": PSI_VERSION, "t": "psi_reply", "request": b""}),
-        msgpack.packb({"v": PSI_VERSION, "t": "psi_request", "request": "text"}),
-        msgpack.packb({"v": PSI_VERSION, "t": "psi_request", "request": b"", "x": 1}),
+        msgpack.packb({"v": WIRE_VERSION + 1, "t": "psi_request", "request": b""}),
+        msgpack.packb({"v": WIRE_VERSION, "t": "psi_reply", "request": b""}),
+        msgpack.packb({"v": WIRE_VERSION, "t": "psi_request", "request": "text"}),
+        msgpack.packb({"v": WIRE_VERSION, "t": "psi_request", "request": b"", "x": 1}),
     ]:
-        with pytest.raises(PsiError):
+        with pytest.raises(CodecError):
             decode_psi_request(bad)
 
 
@@ -187,7 +187,7 @@ def test_runs_align_on_the_psi_intersection_and_reuse_the_cached_result(
     party_b_service: tuple[RunService, Caller, Path], tmp_path: Path
 ) -> None:
     service, caller, a_path = party_b_service
-    transport = _CountingTransport(service, caller)
+    transport = _CountingTransport(service, caller, problem=problem_from_body)
     expected = _ids("p", range(150, 400))
 
     first = _trainer(tmp_path, transport, a_path, "first")
@@ -213,15 +213,15 @@ def test_a_new_label_table_at_party_b_means_a_new_psi(
     party_b_service: tuple[RunService, Caller, Path], tmp_path: Path
 ) -> None:
     service, caller, a_path = party_b_service
-    transport = _CountingTransport(service, caller)
+    transport = _CountingTransport(service, caller, problem=problem_from_body)
     trainer = _trainer(tmp_path, transport, a_path, "before")
     before, _ = trainer.psi()
     _a, b_path = _write_tables(tmp_path / "v2", [], _ids("p", range(0, 100)))
     labels = load_label_table(b_path, id_column="id", label_column="y", feature_columns=None)
     changed = RunService(
-        sessions=service._sessions, labels=labels, limits=Limits(), metrics=Metrics()
+        sessions=service.sessions, labels=labels, limits=Limits(), metrics=Metrics()
     )
-    trainer.transport = _CountingTransport(changed, caller)
+    trainer.transport = _CountingTransport(changed, caller, problem=problem_from_body)
 
     after, cached = trainer.psi()
 
@@ -235,7 +235,9 @@ def test_predict_refuses_ids_outside_the_intersection(
     party_b_service: tuple[RunService, Caller, Path], tmp_path: Path
 ) -> None:
     service, caller, a_path = party_b_service
-    trainer = _trainer(tmp_path, InProcessTransport(service, caller), a_path, "serve")
+    trainer = _trainer(
+        tmp_path, InProcessTransport(service, caller, problem=problem_from_body), a_path, "serve"
+    )
     trainer.prepare()
     trainer.train()
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.inprocess import InProcessTransport, in_process_party_b
 from party_a.config import load_config
-from party_a.errors import ProblemResponse
+from party_a.errors import ProblemResponse, problem_from_body
 from party_a.state import LocalStore
 from party_a.trainer import PartyATrainer
+from party_b.inprocess import InProcessTransport, in_process_party_b
 from shared import codec
 from shared.schedule import batch_digest
 from tests.test_run_creation import CONFIG, _data
@@ -22,7 +22,7 @@ def test_raw_evaluation_of_a_fedlite_run_and_no_raw_training_steps(tmp_path: Pat
     trainer = PartyATrainer(
         config=load_config(None, CONFIG),
         features=features,
-        transport=InProcessTransport(service, caller),
+        transport=InProcessTransport(service, caller, problem=problem_from_body),
         store=LocalStore.in_directory(tmp_path / "a"),
         server="in-process",
     )
@@ -39,7 +39,7 @@ def test_raw_evaluation_of_a_fedlite_run_and_no_raw_training_steps(tmp_path: Pat
         )
     )
     with pytest.raises(ProblemResponse, match="raw activations sent to a FedLite"):
-        InProcessTransport(service, caller).step(trainer.run_id, body)
+        InProcessTransport(service, caller, problem=problem_from_body).step(trainer.run_id, body)
     trainer.train()
 
     quantized = trainer.evaluate()

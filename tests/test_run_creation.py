@@ -5,12 +5,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.inprocess import InProcessTransport, in_process_party_b
 from experiments.tasks import ClassLabels
 from party_a.config import load_config
+from party_a.errors import problem_from_body
 from party_a.features import FeatureTable
 from party_a.state import LocalStore
 from party_a.trainer import PartyATrainer
+from party_b.inprocess import InProcessTransport, in_process_party_b
 
 
 def _data() -> tuple[FeatureTable, ClassLabels]:
@@ -48,7 +49,7 @@ def test_party_a_killed_after_create_gets_the_same_run_back(
         return PartyATrainer(
             config=load_config(None, {**CONFIG, "run.name": name}),
             features=features,
-            transport=InProcessTransport(service, caller),
+            transport=InProcessTransport(service, caller, problem=problem_from_body),
             store=LocalStore.in_directory(tmp_path / "a"),
             server="in-process",
         )

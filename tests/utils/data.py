@@ -5,7 +5,11 @@ from pathlib import Path
 
 import pytest
 
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+# ../shared/data beside the repository; FEDLITE_SHARED_DATA points elsewhere (a git worktree
+# that does not sit beside it)
+SHARED_DATA = Path(
+    os.environ.get("FEDLITE_SHARED_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data"
+)
 
 
 def shared_data(*parts: str) -> Path:

@@ -12,7 +12,15 @@ from typing import Any
 import httpx
 import numpy as np
 import pandas as pd
+from sqlalchemy.orm import Session, sessionmaker
 
+from api_schemas import RunCreate
+from party_b import auth
+from party_b.labels import LabelSource, load_label_table
+from party_b.metrics import Metrics
+from party_b.service import Caller, RunService
+from party_b.settings import Limits
+from party_b.store import make_engine, make_session_factory
 from shared import codec
 from shared.alignment import hmac_ids
 from shared.schedule import batch_digest, batch_positions, split_train_eval
@@ -66,16 +74,22 @@ class SmallRun:
             len(self.aligned), seed=self.spec["seed"], eval_fraction=self.spec["eval_fraction"]
         )
 
-    def chunk(self, rows: int, rng: np.random.Generator | None = None) -> codec.PQActivations:
-        q, L = self.spec["quantizer"]["q"], self.spec["quantizer"]["L"]
-        width = self.spec["cut_dim"] // q
+    def chunk(
+        self, rows: int, rng: np.random.Generator | None = None, *, scale: float = 1.0
+    ) -> codec.Activations:
+        """Random activations of ``rows`` rows in the run's quantizer mode, N(0, scale**2)."""
         rng = rng or np.random.default_rng(rows)
+        d = self.spec["cut_dim"]
+        if self.spec["quantizer"]["mode"] == "raw":
+            return codec.RawActivations((rng.standard_normal((rows, d)) * scale).astype(np.float32))
+        q, L = self.spec["quantizer"]["q"], self.spec["quantizer"]["L"]
         return codec.PQActivations(
-            codebook=rng.standard_normal((1, L, width)).astype(np.float32),
+            codebook=(rng.standard_normal((1, L, d // q)) * scale).astype(np.float32),
             codewords=rng.integers(0, L, (rows, q)),
         )
 
-    def step_body(self, step: int, *, digest: bytes | None = None) -> bytes:
+    def step_body(self, step: int, *, digest: bytes | None = None, scale: float = 1.0) -> bytes:
+        """A valid request for ``step``, activations N(0, scale**2), in the run's wire dtypes."""
         train, _ = self.split
         positions = train[
             batch_positions(
@@ -85,9 +99,10 @@ class SmallRun:
         request = codec.StepRequest(
             step=step,
             batch_digest=digest or batch_digest([self.aligned[p] for p in positions]),
-            chunks=(self.chunk(len(positions), np.random.default_rng(step)),),
+            chunks=(self.chunk(len(positions), np.random.default_rng(step), scale=scale),),
         )
-        return codec.encode_step_request(request)
+        dtype = self.spec["quantizer"].get("codebook_dtype", "float32")
+        return codec.encode_step_request(request, codebook_dtype=dtype, activations_dtype=dtype)
 
     def evaluate_body(self) -> bytes:
         _, eval_pos = self.split
@@ -102,6 +117,9 @@ class SmallRun:
         return codec.encode_predict_request(codec.PredictRequest(ids=ids, chunks=(self.chunk(n),)))
 
 
+ALIGNED_IDS = [f"u{i:03d}" for i in range(0, 64, 2)] + ["stranger"]
+
+
 def aligned_run(client: httpx.Client, **overrides: Any) -> SmallRun:
     """Create a run and align it on the even ids plus one party B does not hold."""
     spec = run_spec(**overrides)
@@ -109,14 +127,57 @@ def aligned_run(client: httpx.Client, **overrides: Any) -> SmallRun:
     assert created.status_code == 201, created.text
     run = created.json()
     key = bytes.fromhex(run["alignment_key"])
-    ids = [f"u{i:03d}" for i in range(0, 64, 2)] + ["stranger"]
     answer = client.post(
         f"/v1/runs/{run['id']}/alignment",
-        json={"hashed_ids": [k.hex() for k in hmac_ids(key, ids)]},
+        json={"hashed_ids": [k.hex() for k in hmac_ids(key, ALIGNED_IDS)]},
     )
     assert answer.status_code == 200, answer.text
     aligned = [bytes.fromhex(h) for h in answer.json()["intersection"]]
     return SmallRun(id=run["id"], alignment_key=key, aligned=aligned, spec=spec)
+
+
+@dataclass
+class SmallPartyB:
+    """Party B in process on labels_csv's table and its own SQLite file, with two tokens.
+
+    ``service()`` is a new party B on the same database each time: a restart.
+    """
+
+    sessions: sessionmaker[Session]
+    labels: LabelSource
+    caller: Caller  # TOKEN's
+    other: Caller  # OTHER's
+
+    def service(self) -> RunService:
+        return RunService(
+            sessions=self.sessions, labels=self.labels, limits=Limits(), metrics=Metrics()
+        )
+
+
+def small_party_b(directory: Path) -> SmallPartyB:
+    directory.mkdir(parents=True, exist_ok=True)
+    labels = load_label_table(
+        labels_csv(directory / "labels.csv"), id_column="id", label_column="y", feature_columns=None
+    )
+    sessions = make_session_factory(make_engine(f"sqlite:///{directory / 'party_b.sqlite'}"))
+    callers = []
+    with sessions() as session:
+        for name, token in (("tester", TOKEN), ("other", OTHER)):
+            auth.register_token(session, name, token)
+            row = auth.authenticate(session, token)
+            assert row is not None
+            callers.append(Caller(token_id=row.id, name=row.name))
+    return SmallPartyB(sessions, labels, callers[0], callers[1])
+
+
+def aligned_in_process(service: RunService, caller: Caller, **overrides: Any) -> SmallRun:
+    """``aligned_run`` through the service in process."""
+    spec = run_spec(**overrides)
+    run = service.create_run(caller, RunCreate.model_validate(spec))
+    key = bytes.fromhex(run.alignment_key)
+    answer = service.align(caller, run.id, [k.hex() for k in hmac_ids(key, ALIGNED_IDS)])
+    aligned = [bytes.fromhex(h) for h in answer.intersection]
+    return SmallRun(id=run.id, alignment_key=key, aligned=aligned, spec=spec)
 
 
 def problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:

@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select
 
-from experiments.inprocess import InProcessTransport
+from party_a.errors import problem_from_body
 from party_a.features import load_features
 from party_a.state import LocalStore
 from party_a.trainer import PartyATrainer
 from party_b import auth, store
 from party_b.cli import main as main_b
+from party_b.inprocess import InProcessTransport
 from party_b.labels import load_label_table
 from party_b.metrics import Metrics
 from party_b.service import Caller, RunService
@@ -145,7 +146,9 @@ def _train(
     trainer = PartyATrainer(
         config=config,
         features=load_features(features, id_column="id", feature_columns=None, standardize=True),
-        transport=InProcessTransport(service, Caller(token_id=row.id, name="alice")),
+        transport=InProcessTransport(
+            service, Caller(token_id=row.id, name="alice"), problem=problem_from_body
+        ),
         store=LocalStore.in_directory(tmp_path / "a-state"),
         server="in-process",
     )

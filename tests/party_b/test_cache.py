@@ -1,4 +1,5 @@
-"""Party B's in-memory state stays bounded: by live runs, never by run ids asked for."""
+"""Party B's runs in memory (``party_b.service.cache``): loaded once, bounded by live runs,
+never by run ids asked for."""
 
 import threading
 import time
@@ -6,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from experiments.inprocess import in_process_party_b
 from loadtests.scenarios import SCENARIOS, StepSchedule, hashed_ids, read_ids, write_label_table
 from party_b.errors import ProblemError
+from party_b.inprocess import in_process_party_b
 from party_b.labels import load_label_table
+from party_b.metrics import Metrics
+from party_b.service.cache import RunCache
 
 
 def test_no_bookkeeping_is_left_behind_per_run_id(tmp_path: Path) -> None:
@@ -31,12 +34,10 @@ def test_no_bookkeeping_is_left_behind_per_run_id(tmp_path: Path) -> None:
         service.step(caller, run.id, schedule.body(t))
     service.finish(caller, run.id)
 
-    assert service._loading == {}  # noqa: SLF001 - the bookkeeping under test
+    assert service.cache._loading == {}  # noqa: SLF001 - the bookkeeping under test
 
 
-def test_a_failed_load_lets_exactly_one_waiter_load_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_failed_load_lets_exactly_one_waiter_load_again(tmp_path: Path) -> None:
     """Eight callers ask for a run that is not in memory; the first load fails while the
     others wait, and a ninth caller arrives while the retry is loading. Never two loads at
     once, one state in the end, no lock left behind."""
@@ -49,9 +50,7 @@ def test_a_failed_load_lets_exactly_one_waiter_load_again(
     spec = scenario.run_create("reloaded", steps=10, seed=0)
     run = service.create_run(caller, spec)
     service.align(caller, run.id, hashed_ids(run.alignment_key, read_ids(labels_csv)))
-    service._live.clear()  # noqa: SLF001 - as after a restart: the run is only in the database
-
-    real_load = service._load  # noqa: SLF001
+    real_load = service.loader  # a cache of its own: the run is only in the database
     active, peak, calls = [0], [0], [0]
     guard = threading.Lock()
     everyone_waiting = threading.Barrier(8)
@@ -71,19 +70,19 @@ def test_a_failed_load_lets_exactly_one_waiter_load_again(
             with guard:
                 active[0] -= 1
 
-    monkeypatch.setattr(service, "_load", load)
+    cache = RunCache(load, Metrics())  # type: ignore[arg-type]
     results: list[object] = []
 
     def ask() -> None:
         everyone_waiting.wait(10)
         try:
-            results.append(service._state(caller, run.id))  # noqa: SLF001
+            results.append(cache.owned(caller, run.id))
         except ProblemError as exc:
             results.append(exc)
 
     def late() -> None:
         time.sleep(0.45)  # after the first load failed, while the retry loads
-        results.append(service._state(caller, run.id))  # noqa: SLF001
+        results.append(cache.owned(caller, run.id))
 
     threads = [threading.Thread(target=ask) for _ in range(8)] + [threading.Thread(target=late)]
     for t in threads:
@@ -95,4 +94,4 @@ def test_a_failed_load_lets_exactly_one_waiter_load_again(
     failures = [r for r in results if isinstance(r, ProblemError)]
     assert len(results) == 9 and len(failures) == 1 and len(states) == 1
     assert peak[0] == 1 and calls[0] == 2
-    assert service._loading == {}  # noqa: SLF001
+    assert cache._loading == {}  # noqa: SLF001

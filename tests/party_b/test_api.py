@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from party_b import auth
-from party_b.app import create_app
+from party_b.api import create_app
 from party_b.settings import Limits, Settings
 from party_b.store import make_engine, make_session_factory
 from shared import codec

@@ -1,9 +1,16 @@
 """Party A talking to party B's service in the same process: the same code, minus HTTP.
 
-:class:`InProcessTransport` implements party A's ``Transport`` by calling
-``party_b.service.RunService`` directly and turning its ``ProblemError`` into the typed
-exception party A would have parsed from problem+json, so the trainer cannot tell the
-difference. Sweeps use it for speed; the HTTP path is the same service behind FastAPI.
+:class:`InProcessTransport` has the calls of party A's ``Transport`` (``party_a.client``) and
+makes them on a :class:`~party_b.service.RunService` directly. Where party B would answer
+problem+json, it hands the same problem (status and body) to ``problem``, which turns it into
+the exception the caller expects: for party A's trainer, ``party_a.errors.problem_from_body``
+(so the trainer cannot tell the difference from HTTP)::
+
+    service, caller = in_process_party_b(labels, Path("party_b.sqlite"))
+    transport = InProcessTransport(service, caller, problem=problem_from_body)
+
+Experiments, tests and benchmarks use it for speed; the HTTP path is the same service behind
+``party_b.api``. (Party B imports nothing of party A's: the translation is passed in.)
 """
 
 from collections.abc import Callable
@@ -11,7 +18,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from api_schemas import AlignmentOut, PsiInfo, RunCreate, RunOut
-from party_a.errors import problem_from_body
 from party_b import auth
 from party_b.errors import ProblemError
 from party_b.labels import LabelSource
@@ -20,41 +26,43 @@ from party_b.service import Caller, RunService
 from party_b.settings import Limits
 from party_b.store import make_engine, make_session_factory
 
-__all__ = ["InProcessTransport", "in_process_party_b"]
+__all__ = ["InProcessTransport", "ProblemRaiser", "in_process_party_b"]
 
 T = TypeVar("T")
 
+# (HTTP status, problem+json body) -> the exception to raise
+ProblemRaiser = Callable[[int, dict[str, Any]], Exception]
 
-# Whole evaluation sets travel in one request (Shakespeare's held-out 5 % is ~32,000 token
-# rows); the HTTP party B of the spot checks gets the same limits through its environment.
-EXPERIMENT_LIMITS = Limits(max_batch=1 << 20, max_aligned_ids=1 << 24)
+_TOKEN = "in-process-token-0000"
 
 
-def in_process_party_b(labels: LabelSource, database: Path) -> tuple[RunService, Caller]:
+def in_process_party_b(
+    labels: LabelSource, database: Path, *, limits: Limits | None = None
+) -> tuple[RunService, Caller]:
     """A party B service on its own SQLite file, and a caller with a registered token."""
     engine = make_engine(f"sqlite:///{database}")
     sessions = make_session_factory(engine)
     with sessions() as session:
-        auth.register_token(session, "experiments", "experiments-token-0000")
-        row = auth.authenticate(session, "experiments-token-0000")
+        auth.register_token(session, "in-process", _TOKEN)
+        row = auth.authenticate(session, _TOKEN)
         assert row is not None
     service = RunService(
-        sessions=sessions, labels=labels, limits=EXPERIMENT_LIMITS, metrics=Metrics()
+        sessions=sessions, labels=labels, limits=limits or Limits(), metrics=Metrics()
     )
     return service, Caller(token_id=row.id, name=row.name)
 
 
 class InProcessTransport:
-    def __init__(self, service: RunService, caller: Caller) -> None:
+    def __init__(self, service: RunService, caller: Caller, *, problem: ProblemRaiser) -> None:
         self.service = service
         self.caller = caller
+        self._problem = problem
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         try:
             return fn(self.caller, *args)
         except ProblemError as exc:
-            body = {"type": str(exc.type), "title": exc.title, "detail": exc.detail}
-            raise problem_from_body(exc.status, {**body, **exc.extensions}) from None
+            raise self._problem(exc.status, exc.body()) from None
 
     def psi_info(self) -> PsiInfo:
         return self._call(self.service.psi_info)

@@ -1,0 +1,236 @@
+"""The ``fedlite-a`` subcommands, one function each: parsed flags in, exit code out.
+
+Each raises :class:`party_a.errors.FedliteError` (or ValueError / OSError) for
+:func:`party_a.cli.main` to turn into one line on stderr and an exit code.
+"""
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+from party_a.errors import ConfigError, RunNotFound
+from party_a.report import progress, summary_rows
+from party_a.session import connection, local_runs, open_session, open_state, run_not_found
+from shared.accounting import compression_report
+
+__all__ = [
+    "cmd_align",
+    "cmd_check",
+    "cmd_demo_data",
+    "cmd_evaluate",
+    "cmd_finish",
+    "cmd_predict",
+    "cmd_ratio",
+    "cmd_runs",
+    "cmd_train",
+]
+
+
+# ====================================================================== ratio
+
+
+def cmd_ratio(args: argparse.Namespace) -> int:
+    try:
+        report = compression_report(
+            d=args.d,
+            batch=args.batch,
+            q=args.q,
+            L=args.L,
+            R=args.R,
+            phi=args.phi,
+            codebook_dtype=args.codebook_dtype,
+        )
+    except ValueError as exc:
+        print(f"fedlite-a ratio: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report))
+    return 0
+
+
+# ====================================================================== connection
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Exit 0 when party B answers and accepts the token (the image's health check)."""
+    from party_a.client import HttpTransport
+
+    server, token = connection(args)
+    with HttpTransport(
+        server, token, ca_bundle=args.ca_bundle, retry_for=args.retry_for, timeout=10.0
+    ) as t:
+        info = t.psi_info()  # authenticated: a revoked token fails here
+    print(json.dumps({"server": server, "ok": True, "party_b_ids": info.size}))
+    return 0
+
+
+# ====================================================================== align
+
+
+def cmd_align(args: argparse.Namespace) -> int:
+    from party_a.alignment import private_intersection
+    from party_a.client import HttpTransport
+    from shared.tables import read_id_table
+
+    server, token = connection(args)
+    ids = read_id_table(args.features, id_column=args.id_column).ids
+    store = open_state(args.state_dir, create=True)
+    transport = HttpTransport(server, token, ca_bundle=args.ca_bundle, retry_for=args.retry_for)
+    try:
+        result, cached = private_intersection(
+            ids, transport=transport, store=store, server=server.rstrip("/"), force=args.force
+        )
+    finally:
+        transport.close()
+        store.close()
+    if args.ids_out:
+        Path(args.ids_out).write_text("".join(f"{i}\n" for i in result.intersection))
+    report = {
+        "intersection": len(result.intersection),
+        "party_a_ids": result.own_size,
+        "party_b_ids": result.peer_size,
+        "party_a_version": result.own_version[:16],
+        "party_b_version": result.peer_version,
+        "cached": cached,
+        "seconds": round(result.seconds, 3),
+    }
+    print(json.dumps(report))
+    return 0
+
+
+# ====================================================================== train
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from party_a.client import HttpTransport
+
+    console = Console(stderr=True)
+    with open_session(args, create=True) as (trainer, remote):
+        console.print(
+            f"run [bold]{remote.id}[/] ({remote.name}): {remote.status.value}, party B at step "
+            f"{remote.step}, party A at step {trainer.step}; "
+            f"{remote.alignment.aligned if remote.alignment else '?'} aligned samples"
+        )
+        with progress(console, total=trainer.config.run.steps, start=trainer.step) as on_step:
+            trainer.on_step = on_step
+            summary = trainer.train()
+        metrics: dict[str, float] = {}
+        if not args.no_evaluate and len(trainer.eval_pos):
+            answer = trainer.evaluate("eval")
+            metrics = {
+                "eval_loss": answer.loss,
+                **{f"eval_{k}": v for k, v in answer.metrics.items()},
+            }
+            summary.eval_metrics = metrics
+        if not args.no_finish:
+            trainer.finish()
+        transport = trainer.transport
+        assert isinstance(transport, HttpTransport)
+        http = (transport.bytes_sent, transport.bytes_received)
+
+    table = Table(title="FedLite-VFL training summary", show_header=False)
+    for key, value in summary_rows(summary, metrics, http):
+        table.add_row(key, value)
+    console.print(table)
+    if args.summary_json:
+        data = {
+            **summary.__dict__,
+            "compression": summary.compression,
+            "http_bytes_sent": http[0],
+            "http_bytes_received": http[1],
+        }
+        Path(args.summary_json).write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return 0
+
+
+# ====================================================================== evaluate / predict
+
+
+def cmd_demo_data(args: argparse.Namespace) -> int:
+    from shared.demo_data import write_party_a_demo
+
+    print(write_party_a_demo(args.out, overlap=args.overlap, seed=args.seed))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    with open_session(args, create=False) as (trainer, _remote):
+        answer = trainer.evaluate(args.split, raw=args.raw)
+    split = f"{args.split}+raw" if args.raw else args.split
+    print(json.dumps({"split": split, "n": answer.n, "loss": answer.loss, **answer.metrics}))
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    ids = [i for i in (args.ids or "").split(",") if i]
+    if args.ids_file:
+        ids += [
+            line.strip() for line in Path(args.ids_file).read_text().splitlines() if line.strip()
+        ]
+    if not ids:
+        raise ConfigError("give ids with --ids a,b,c or --ids-file FILE")
+    with open_session(args, create=False) as (trainer, _remote):
+        answer = trainer.predict(ids)
+    out = open(args.out, "w", newline="") if args.out else sys.stdout  # noqa: SIM115
+    try:
+        writer = csv.writer(out)
+        writer.writerow(["id", *[f"score_{c}" for c in range(answer.scores.shape[1])]])
+        for i, row in zip(answer.ids, answer.scores.tolist(), strict=True):
+            writer.writerow([i, *[f"{v:.6f}" for v in row]])
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+# ====================================================================== finish / runs
+
+
+def _run_name(args: argparse.Namespace) -> str:
+    if args.name:
+        return str(args.name)
+    if args.config is None:
+        raise ConfigError("give the run with --name NAME or --config run.toml")
+    from party_a.config import load_config
+
+    return load_config(args.config, {}).run.name
+
+
+def cmd_finish(args: argparse.Namespace) -> int:
+    """Finish a run this state holds (one trained with --no-finish); needs no feature table."""
+    from party_a.client import HttpTransport
+
+    server, token = connection(args)
+    server = server.strip().rstrip("/")
+    name = _run_name(args)
+    store = open_state(args.state_dir, create=False)
+    try:
+        local = store.find_run(server, name)
+        if local is None:
+            raise run_not_found(RunNotFound(name, server), store, args.state_dir)
+        with HttpTransport(
+            server, token, ca_bundle=args.ca_bundle, retry_for=args.retry_for
+        ) as transport:
+            remote = transport.finish(local.remote_id)
+        store.update_run(local.id, status="finished")
+    finally:
+        store.close()
+    print(json.dumps({"run": remote.id, "name": remote.name, "status": remote.status.value}))
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """One line per run in party A's state: name, status, party B's URL and run id."""
+    store = open_state(args.state_dir, create=False)
+    try:
+        for run in local_runs(store):
+            steps = store.checkpoint_steps(run.id)
+            newest = steps[-1] if steps else 0
+            print(f"{run.name}\t{run.status}\tcheckpoint {newest}\t{run.server}\t{run.remote_id}")
+    finally:
+        store.close()
+    return 0

@@ -1,0 +1,150 @@
+"""Telling a configuration mistake from a network fault, and saying how to fix it.
+
+Party A retries what time can heal (party B restarting, a dropped connection, a 503) and
+stops at once at what it cannot: a URL without a scheme, plain HTTP sent to party B's TLS
+port, TLS sent to a plain HTTP port, or a certificate that fails verification. Each of those
+gets a message that names the fix; the hints are kept apart by what OpenSSL reports (an
+unknown CA and a host-name mismatch need different fixes).
+"""
+
+import socket
+import ssl
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+import httpx
+
+from party_a.errors import ConfigError
+
+__all__ = ["check_base_url", "configuration_fault", "speaks_tls"]
+
+E = TypeVar("E", bound=BaseException)
+
+# OpenSSL's X509_V_ERR_* codes (ssl.SSLCertVerificationError.verify_code)
+_UNKNOWN_ISSUER = {
+    2,  # unable to get issuer certificate
+    18,  # self-signed certificate
+    19,  # self-signed certificate in certificate chain
+    20,  # unable to get local issuer certificate
+    21,  # unable to verify the first certificate
+}
+_EXPIRED, _NOT_YET_VALID = 10, 9
+_NAME_MISMATCH = {62, 64}  # host name mismatch, IP address mismatch
+# ssl.SSLError reasons of a TLS client that reached a server speaking something else
+_NOT_TLS = {"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"}
+
+
+def check_base_url(url: str) -> str:
+    """Party B's base URL without a trailing slash; ConfigError for one that cannot work.
+
+    ``partyb.example.org:8443`` (no scheme) would otherwise reach httpx as a URL of scheme
+    ``partyb.example.org`` and fail on every retry.
+    """
+    text = url.strip()
+    if "://" not in text:
+        raise ConfigError(
+            f"party B's URL {url!r} has no scheme: write https://{text} "
+            "(or http:// if party B serves without TLS)"
+        )
+    parts = urlsplit(text)
+    if parts.scheme.lower() not in ("http", "https"):
+        raise ConfigError(f"party B's URL {url!r}: the scheme must be https:// or http://")
+    try:
+        parts.port  # noqa: B018 - parsing it is the check
+    except ValueError:
+        raise ConfigError(f"party B's URL {url!r} has an invalid port") from None
+    if not parts.hostname:
+        raise ConfigError(f"party B's URL {url!r} has no host name")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"party B's URL {url!r}: give only scheme, host, port (and a path)")
+    return text.rstrip("/")
+
+
+def configuration_fault(
+    exc: httpx.TransportError, base_url: httpx.URL, ca_bundle: Path | None
+) -> str | None:
+    """What is misconfigured, with the fix, when ``exc`` cannot heal by retrying; else None."""
+    if isinstance(exc, httpx.UnsupportedProtocol):
+        return f"{exc}; party B's URL must start with https:// or http://"
+    verify = _find(exc, ssl.SSLCertVerificationError)
+    if verify is not None:
+        return _certificate_hint(verify, base_url, ca_bundle)
+    tls = _find(exc, ssl.SSLError)
+    if tls is not None and getattr(tls, "reason", None) in _NOT_TLS:
+        return (
+            f"{base_url.host}:{_port(base_url)} does not speak TLS ({tls.reason}): if party B "
+            f"serves plain HTTP there, use http://{base_url.host}:{_port(base_url)}; otherwise "
+            "check the port"
+        )
+    if (
+        base_url.scheme == "http"
+        and isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError)
+        and speaks_tls(base_url.host, _port(base_url))
+    ):
+        return (
+            f"party B serves HTTPS on {base_url.host}:{_port(base_url)}, but the URL says "
+            f"http://: use https://{base_url.host}:{_port(base_url)} (with --ca-bundle if its "
+            "CA is a private one)"
+        )
+    return None
+
+
+def _certificate_hint(
+    error: ssl.SSLCertVerificationError, base_url: httpx.URL, ca_bundle: Path | None
+) -> str:
+    code = error.verify_code
+    what = f"party B's TLS certificate was refused ({error.verify_message})"
+    if code in _NAME_MISMATCH:
+        return (
+            f"{what}: it is not issued for {base_url.host!r}. Connect with the host name the "
+            "certificate names (its subjectAltName; see `openssl s_client -connect "
+            f"{base_url.host}:{_port(base_url)} </dev/null | openssl x509 -noout -ext "
+            "subjectAltName`), or ask party B's operator for a certificate that names "
+            f"{base_url.host!r}"
+        )
+    if code in _UNKNOWN_ISSUER:
+        if ca_bundle is not None:
+            return (
+                f"{what}: it is not signed by a CA in {ca_bundle}; pass the certificate of "
+                "the CA that signed it with --ca-bundle (or FEDLITE_A_CA_BUNDLE)"
+            )
+        return (
+            f"{what}: it is signed by a CA this machine does not trust; pass that CA's "
+            "certificate (from party B's operator) with --ca-bundle (or FEDLITE_A_CA_BUNDLE)"
+        )
+    if code in (_EXPIRED, _NOT_YET_VALID):
+        return f"{what}; party B's operator must renew it (or check this machine's clock)"
+    return f"{what}; check the certificate with party B's operator"
+
+
+def speaks_tls(host: str, port: int, timeout: float = 3.0) -> bool:
+    """Whether ``host:port`` completes a TLS handshake (certificate not checked: this only
+    asks which protocol the port speaks)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with (
+            socket.create_connection((host, port), timeout=timeout) as sock,
+            context.wrap_socket(sock, server_hostname=host),
+        ):
+            return True
+    except (OSError, ssl.SSLError):
+        return False
+
+
+def _find(exc: BaseException, kind: type[E]) -> E | None:
+    """The first exception of ``kind`` in the chain httpx -> httpcore -> ssl, or None."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _port(url: httpx.URL) -> int:
+    return url.port or (443 if url.scheme == "https" else 80)

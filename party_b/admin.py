@@ -1,0 +1,135 @@
+"""The operator's maintenance commands of ``fedlite-b``: API tokens and the database.
+
+Secrets are created private: ``token issue --out FILE`` writes a new 0600 file, backups are
+0600, a new SQLite file is 0600. Commands that only read or change existing state (``token
+list``, ``token revoke``, ``db backup``) never create an empty database where they expected
+one: a wrong ``--data-dir`` is an error that names the path.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from party_b import auth
+from party_b.maintenance import MaintenanceError, create_private_database, sqlite_path
+from party_b.settings import Settings, settings_from_flags
+from party_b.store import ApiToken, make_engine, make_session_factory
+
+__all__ = [
+    "cmd_db_backup",
+    "cmd_db_copy",
+    "cmd_token_issue",
+    "cmd_token_list",
+    "cmd_token_revoke",
+]
+
+
+# ====================================================================== db
+
+
+def _existing_database(settings: Settings) -> str:
+    """The database URL, refusing a SQLite file that does not exist (never create one)."""
+    url = settings.resolved_database_url()
+    path = sqlite_path(url)
+    if path is not None and not path.is_file():
+        where = "--database-url" if settings.database_url else "--data-dir (FEDLITE_B_DATA_DIR)"
+        raise MaintenanceError(
+            f"no database at {path}: pass the {where} party B serves from, or issue a first "
+            "token with 'fedlite-b token issue' to create one"
+        )
+    return url
+
+
+def cmd_db_backup(args: argparse.Namespace) -> int:
+    """Online backup of the SQLite file (consistent while party B serves); PostgreSQL has
+    pg_dump."""
+    from party_b.maintenance import backup_database
+
+    url = settings_from_flags(args).resolved_database_url()
+    path = sqlite_path(url)
+    if path is None:
+        raise MaintenanceError(
+            f"{url.split(':', 1)[0]} database: back it up with its own tools (pg_dump for "
+            "PostgreSQL)"
+        )
+    size, check = backup_database(path, Path(args.to))
+    print(f"{args.to}\t{size} bytes\tintegrity_check: {check}")
+    return 0
+
+
+def cmd_db_copy(args: argparse.Namespace) -> int:
+    from party_b.store import copy_database
+
+    source_path = sqlite_path(args.source)
+    if source_path is not None and not source_path.is_file():
+        raise MaintenanceError(f"no database at {source_path} (--from)")
+    source = make_engine(args.source)
+    target = make_engine(args.target)
+    try:
+        copied = copy_database(source, target)
+    finally:
+        source.dispose()
+        target.dispose()
+    for table, rows in copied.items():
+        print(f"{table}\t{rows}")
+    return 0
+
+
+# ====================================================================== tokens
+
+
+def _token_sessions(args: argparse.Namespace, *, create: bool) -> Any:
+    settings = settings_from_flags(args)
+    if create:
+        url = settings.resolved_database_url()
+        if create_private_database(url):
+            print(f"created the database {sqlite_path(url)}", file=sys.stderr)
+    else:
+        url = _existing_database(settings)
+    return make_session_factory(make_engine(url))
+
+
+def cmd_token_issue(args: argparse.Namespace) -> int:
+    out: Path | None = args.out
+    if out is not None and out.exists():
+        raise MaintenanceError(f"{out} exists; not overwriting it (choose a new --out)")
+    with _token_sessions(args, create=True)() as session:
+        row = session.scalar(select(ApiToken).where(ApiToken.name == args.name))
+        if row is not None and not args.rotate:
+            state = "revoked" if row.revoked_at else "active"
+            raise MaintenanceError(
+                f"a token named {args.name!r} exists ({state}); pass --rotate to replace it "
+                "(the old token stops working at once), or choose another --name"
+            )
+        if row is not None:
+            auth.revoke_token(session, args.name)  # the old hash stays refused for good
+        token = auth.issue_token(session, args.name)
+    if out is None:
+        print(token)
+        return 0
+    fd = os.open(out, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    print(f"token for {args.name!r} written to {out} (mode 600)", file=sys.stderr)
+    return 0
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    with _token_sessions(args, create=False)() as session:
+        if not auth.revoke_token(session, args.name):
+            print(f"fedlite-b token revoke: no active token named {args.name!r}", file=sys.stderr)
+            return 1
+    print(f"revoked {args.name}")
+    return 0
+
+
+def cmd_token_list(args: argparse.Namespace) -> int:
+    with _token_sessions(args, create=False)() as session:
+        for row in session.scalars(select(ApiToken).order_by(ApiToken.name)):
+            state = f"revoked {row.revoked_at:%Y-%m-%d %H:%M}" if row.revoked_at else "active"
+            print(f"{row.name}\t{state}")
+    return 0

@@ -1,0 +1,55 @@
+"""What routes depend on: the caller (bearer token), the service, worker threads, msgpack."""
+
+from collections.abc import Callable
+from functools import partial
+from typing import Annotated, ParamSpec, TypeVar
+
+import anyio
+from fastapi import Depends, Request, Response
+from sqlalchemy.orm import Session, sessionmaker
+
+from api_schemas import ProblemType
+from party_b import auth
+from party_b.api.contract import MSGPACK
+from party_b.errors import ProblemError
+from party_b.service import Caller, RunService
+
+__all__ = ["CallerDep", "ServiceDep", "in_thread", "msgpack"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _caller(request: Request) -> Caller:
+    """The token of ``Authorization: Bearer <token>``, looked up on every request (so a
+    revoked token stops working at once); 401 otherwise."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ProblemError(ProblemType.UNAUTHORIZED, "send 'Authorization: Bearer <token>'")
+    sessions: sessionmaker[Session] = request.app.state.sessions
+    with sessions() as session:
+        row = auth.authenticate(session, token.strip())
+    if row is None:
+        raise ProblemError(ProblemType.UNAUTHORIZED, "unknown or revoked token")
+    return Caller(token_id=row.id, name=row.name)
+
+
+def _service(request: Request) -> RunService:
+    service: RunService = request.app.state.service
+    return service
+
+
+CallerDep = Annotated[Caller, Depends(_caller)]
+ServiceDep = Annotated[RunService, Depends(_service)]
+
+
+async def in_thread(request: Request, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn(*args, **kwargs)`` in one of the app's worker threads: torch work must not block
+    the event loop, which keeps serving other runs, health checks and metrics."""
+    limiter: anyio.CapacityLimiter = request.app.state.limiter
+    return await anyio.to_thread.run_sync(partial(fn, *args, **kwargs), limiter=limiter)
+
+
+def msgpack(data: bytes) -> Response:
+    return Response(content=data, media_type=MSGPACK)

@@ -1,0 +1,103 @@
+"""``create_app(settings)``: party B's FastAPI app, built from its parts. No import-time state.
+
+Training endpoints take and return msgpack (docs/PROTOCOL.md); the rest is JSON with an
+OpenAPI schema. Every error is RFC 9457 problem+json with a stable ``type``. Torch work runs
+in worker threads so the event loop keeps serving other runs, health checks and metrics.
+"""
+
+import importlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+from fastapi import FastAPI
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from party_b import auth
+from party_b.api.middleware import BodyLimitMiddleware, MetricsMiddleware
+from party_b.api.problems import install_problem_handlers
+from party_b.api.routes import ROUTERS
+from party_b.labels import LabelSource, load_label_table
+from party_b.maintenance import checkpoint_wal
+from party_b.metrics import Metrics
+from party_b.service import RunService
+from party_b.settings import Settings, parse_token_list
+from party_b.store import make_engine, make_session_factory
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("fedlite.party_b")
+
+
+def create_app(settings: Settings, *, labels: LabelSource | None = None) -> FastAPI:
+    """Build party B: database, label table, tokens, service, routes."""
+    labels = labels if labels is not None else load_labels(settings)
+    engine, sessions = open_database(settings)
+    metrics = Metrics()
+    service = RunService(
+        sessions=sessions,
+        labels=labels,
+        limits=settings.limits,
+        metrics=metrics,
+        checkpoints_kept=settings.checkpoints_kept,
+    )
+    service.recover()  # logs, per training run, the step it resumes from
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        checkpoint_wal(engine)  # on SIGTERM: the .sqlite file alone then holds every row
+        engine.dispose()
+
+    app = FastAPI(
+        title="FedLite-VFL party B",
+        version="1.0",
+        summary="The label holder's top-model service for two-party split learning.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.state.sessions = sessions
+    app.state.metrics = metrics
+    app.state.limiter = anyio.CapacityLimiter(settings.worker_threads)
+    for router in ROUTERS:
+        app.include_router(router)
+    install_problem_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.limits.max_body_bytes)
+    # Outermost, so that it also counts what BodyLimitMiddleware refuses (route "unmatched").
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app
+
+
+def load_labels(settings: Settings) -> LabelSource:
+    """The label set the settings name: a table, or an operator-chosen factory."""
+    if settings.label_source is not None:
+        # An operator-chosen factory (like uvicorn's 'module:app'): label sets that are not
+        # one table, e.g. the experiments' images, tags and next tokens.
+        module_name, _, attr = settings.label_source.partition(":")
+        factory = getattr(importlib.import_module(module_name), attr)
+        source: LabelSource = factory()
+        return source
+    if settings.labels is None:
+        raise ValueError("party B needs a label table: set FEDLITE_B_LABELS or --labels")
+    return load_label_table(
+        settings.labels,
+        id_column=settings.id_column,
+        label_column=settings.label_column,
+        feature_columns=settings.feature_columns,
+        group_column=settings.group_column,
+    )
+
+
+def open_database(settings: Settings) -> tuple[Engine, sessionmaker[Session]]:
+    """The engine and sessions of party B's database, with the configured tokens registered."""
+    if settings.database_url is None:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(settings.resolved_database_url())
+    sessions = make_session_factory(engine)
+    with sessions() as session:
+        for name, token in parse_token_list(settings.tokens):
+            if not auth.register_token(session, name, token):
+                log.warning("token %r from the configuration was revoked; it stays revoked", name)
+    return engine, sessions

@@ -1,0 +1,46 @@
+"""Alignment: private set intersection (msgpack) and aligning a run on it (JSON)."""
+
+from fastapi import APIRouter, Request, Response
+
+from api_schemas import AlignmentIn, AlignmentOut, ProblemType, PsiInfo
+from party_b.api.contract import AUTHENTICATED, MSGPACK, WITH_BODY, ContractRoute, contract
+from party_b.api.deps import CallerDep, ServiceDep, in_thread, msgpack
+
+router = APIRouter(route_class=ContractRoute, tags=["alignment"])
+P = ProblemType
+
+
+@router.get("/v1/psi", **contract(problems=AUTHENTICATED))
+async def psi_info(request: Request, who: CallerDep, service: ServiceDep) -> PsiInfo:
+    return await in_thread(request, service.psi_info, who)
+
+
+@router.post(
+    "/v1/psi",
+    **contract(
+        consumes=MSGPACK,
+        problems=(*AUTHENTICATED, *WITH_BODY, P.MALFORMED_MESSAGE, P.LIMIT_EXCEEDED),
+    ),
+)
+async def psi(request: Request, who: CallerDep, service: ServiceDep) -> Response:
+    return msgpack(await in_thread(request, service.psi, who, await request.body()))
+
+
+@router.post(
+    "/v1/runs/{run_id}/alignment",
+    tags=["runs"],
+    **contract(
+        problems=(
+            *AUTHENTICATED,
+            P.NOT_FOUND,
+            *WITH_BODY,
+            P.INVALID_REQUEST,
+            P.LIMIT_EXCEEDED,
+            P.RUN_STATE,
+        )
+    ),
+)
+async def align(
+    request: Request, run_id: str, body: AlignmentIn, who: CallerDep, service: ServiceDep
+) -> AlignmentOut:
+    return await in_thread(request, service.align, who, run_id, body.hashed_ids)

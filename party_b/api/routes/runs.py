@@ -1,0 +1,52 @@
+"""Runs: create, list, show, finish (JSON)."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request
+
+from api_schemas import ProblemType, RunCreate, RunList, RunOut
+from party_b.api.contract import AUTHENTICATED, WITH_BODY, ContractRoute, contract
+from party_b.api.deps import CallerDep, ServiceDep, in_thread
+
+router = APIRouter(route_class=ContractRoute, tags=["runs"])
+P = ProblemType
+RUN = (*AUTHENTICATED, P.NOT_FOUND)
+
+
+@router.post(
+    "/v1/runs",
+    status_code=201,
+    **contract(
+        problems=(
+            *AUTHENTICATED,
+            *WITH_BODY,
+            P.INVALID_REQUEST,
+            P.LIMIT_EXCEEDED,
+            P.IDEMPOTENCY_KEY_REUSED,
+            P.TOO_MANY_RUNS,
+        )
+    ),
+)
+async def create_run(
+    request: Request,
+    spec: RunCreate,
+    who: CallerDep,
+    service: ServiceDep,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=128)] = None,
+) -> RunOut:
+    return await in_thread(request, service.create_run, who, spec, idempotency_key)
+
+
+@router.get("/v1/runs", **contract(problems=AUTHENTICATED))
+async def list_runs(request: Request, who: CallerDep, service: ServiceDep) -> RunList:
+    return RunList(runs=await in_thread(request, service.list_runs, who))
+
+
+@router.get("/v1/runs/{run_id}", **contract(problems=(*RUN, P.INTERNAL)))
+async def get_run(request: Request, run_id: str, who: CallerDep, service: ServiceDep) -> RunOut:
+    return await in_thread(request, service.get_run, who, run_id)
+
+
+@router.post("/v1/runs/{run_id}/finish", **contract(problems=(*RUN, P.RUN_STATE)))
+async def finish(request: Request, run_id: str, who: CallerDep, service: ServiceDep) -> RunOut:
+    return await in_thread(request, service.finish, who, run_id)

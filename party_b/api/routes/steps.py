@@ -1,0 +1,72 @@
+"""Training steps (msgpack, exactly once), the step log, and rolling back to a checkpoint."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+
+from api_schemas import ProblemType, ResumeIn, RunOut, StepLogPage
+from api_schemas.runs import MAX_STEP
+from party_b.api.contract import AUTHENTICATED, MSGPACK, WITH_BODY, ContractRoute, contract
+from party_b.api.deps import CallerDep, ServiceDep, in_thread, msgpack
+
+router = APIRouter(route_class=ContractRoute)
+P = ProblemType
+RUN = (*AUTHENTICATED, P.NOT_FOUND)
+
+
+@router.post(
+    "/v1/runs/{run_id}/steps",
+    tags=["training"],
+    **contract(
+        consumes=MSGPACK,
+        problems=(
+            *RUN,
+            *WITH_BODY,
+            P.MALFORMED_MESSAGE,
+            P.STEP_OUT_OF_ORDER,
+            P.STEP_REPLAY_MISMATCH,
+            P.BATCH_MISMATCH,
+            P.RUN_STATE,
+            P.SHAPE_MISMATCH,
+            P.TRAINING_DIVERGED,
+            P.INTERNAL,
+        ),
+    ),
+)
+async def step(request: Request, run_id: str, who: CallerDep, service: ServiceDep) -> Response:
+    body = await request.body()
+    return msgpack(await in_thread(request, service.step, who, run_id, body))
+
+
+@router.get(
+    "/v1/runs/{run_id}/steps", tags=["runs"], **contract(problems=(*RUN, P.INVALID_REQUEST))
+)
+async def step_log(
+    request: Request,
+    run_id: str,
+    who: CallerDep,
+    service: ServiceDep,
+    start: Annotated[int, Query(ge=0, le=MAX_STEP)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> StepLogPage:
+    return StepLogPage(steps=await in_thread(request, service.step_log, who, run_id, start, limit))
+
+
+@router.post(
+    "/v1/runs/{run_id}/resume",
+    tags=["runs"],
+    **contract(
+        problems=(
+            *RUN,
+            *WITH_BODY,
+            P.INVALID_REQUEST,
+            P.RUN_STATE,
+            P.CHECKPOINT_NOT_FOUND,
+            P.INTERNAL,
+        )
+    ),
+)
+async def resume(
+    request: Request, run_id: str, body: ResumeIn, who: CallerDep, service: ServiceDep
+) -> RunOut:
+    return await in_thread(request, service.resume, who, run_id, body.from_step)

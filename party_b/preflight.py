@@ -1,0 +1,91 @@
+"""Checks ``fedlite-b serve`` makes before it starts, so that a mistake is one clear line.
+
+Without them a missing certificate is a 33-line traceback from deep inside uvicorn that does
+not name the file, and a key that belongs to another certificate is an OpenSSL error code.
+Each :class:`StartupError` names the file, the setting it came from, and the fix.
+"""
+
+import ssl
+from pathlib import Path
+
+from party_b.settings import Settings
+
+__all__ = ["StartupError", "check_files", "check_tls"]
+
+_CERT = "--ssl-certfile / FEDLITE_B_SSL_CERTFILE"
+_KEY = "--ssl-keyfile / FEDLITE_B_SSL_KEYFILE"
+
+
+class StartupError(Exception):
+    """party B cannot start as configured; the message says which file and what to do."""
+
+
+def check_files(settings: Settings) -> None:
+    """The label table and the TLS files exist and are usable."""
+    if settings.labels is not None:
+        _readable(settings.labels, "label table", "--labels / FEDLITE_B_LABELS")
+    check_tls(settings.ssl_certfile, settings.ssl_keyfile)
+
+
+def check_tls(certfile: Path | None, keyfile: Path | None) -> None:
+    """``certfile`` (PEM chain) and ``keyfile`` (its private key, unencrypted) load together."""
+    if certfile is None:
+        if keyfile is not None:
+            raise StartupError(f"a TLS key ({keyfile}) without a certificate: set {_CERT} too")
+        return
+    _readable(certfile, "TLS certificate", _CERT)
+    if keyfile is not None:
+        _readable(keyfile, "TLS key", _KEY)
+    try:
+        ssl.create_default_context().load_verify_locations(cafile=str(certfile))
+    except ssl.SSLError as exc:
+        raise StartupError(
+            f"TLS certificate {certfile} is not a PEM certificate ({exc.reason}); "
+            f"{_CERT} takes the server certificate (and chain) in PEM"
+        ) from None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    key = keyfile or certfile
+    try:
+        context.load_cert_chain(str(certfile), str(keyfile) if keyfile else None, _no_password)
+    except _Encrypted:
+        raise StartupError(
+            f"TLS key {key} is encrypted; party B needs it unencrypted in a file only its user "
+            f"can read (openssl pkey -in {key} -out party_b.key && chmod 600 party_b.key)"
+        ) from None
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise StartupError(
+                f"TLS key {key} does not match the certificate {certfile}: pass the key made "
+                f"with this certificate (compare `openssl x509 -noout -pubkey -in {certfile}` "
+                f"with `openssl pkey -pubout -in {key}`)"
+            ) from None
+        if keyfile is None:
+            raise StartupError(
+                f"TLS certificate {certfile} holds no private key: set {_KEY} to its key"
+            ) from None
+        raise StartupError(
+            f"TLS key {key} cannot be loaded ({exc.reason or exc}); {_KEY} takes the "
+            "certificate's private key in PEM"
+        ) from None
+
+
+class _Encrypted(Exception):
+    pass
+
+
+def _no_password() -> str:
+    raise _Encrypted
+
+
+def _readable(path: Path, what: str, setting: str) -> None:
+    if not path.exists():
+        raise StartupError(f"{what} {path} does not exist ({setting})")
+    if not path.is_file():
+        raise StartupError(f"{what} {path} is not a file ({setting})")
+    try:
+        with path.open("rb"):
+            pass
+    except PermissionError:
+        raise StartupError(
+            f"{what} {path} cannot be read by this user; let party B's user read it ({setting})"
+        ) from None

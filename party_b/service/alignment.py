@@ -1,0 +1,214 @@
+"""Sample alignment behind one interface: which of party A's ids does party B also hold?
+
+Two steps, neither of which shows either party an id of the other's outside the intersection:
+
+1. Private set intersection (``shared.psi``: ECDH-PSI over P-256). Party A sends its ids
+   blinded under its secret key; party B answers with its own ids blinded under its key and
+   party A's re-blinded. Party A learns the intersection; party B learns only how many ids
+   party A offered. Party B's key and blinded set are kept per *dataset version* (a content
+   hash of its id list, never sent), so one set-up serves every request until the label
+   table changes.
+2. Run alignment. Party A sends HMAC(run key, id) for the ids of the intersection only;
+   party B keeps those it holds (all of them, for an honest party A) and the run trains on
+   them. The *aligned key* of a sample is this HMAC: batch digests are computed over it.
+
+Both parties order the intersection by the *raw* id, which each of them knows for the samples
+they share: the order (and with it every batch) then depends only on the data and the seed,
+not on the random per-run key, so two runs with the same seed train identically.
+"""
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from api_schemas import AlignmentOut, PsiInfo, RunCreate, RunStatus
+from party_b import store
+from party_b.errors import ProblemError
+from party_b.labels import LabelSource
+from party_b.metrics import Metrics
+from party_b.service.admission import Admission
+from party_b.service.state import Caller, owned_row
+from party_b.service.views import alignment_out
+from party_b.service.wire import decode_limits
+from party_b.settings import Limits
+from shared import codec
+from shared.alignment import hmac_ids, order_by_raw_id
+from shared.psi import (
+    PSI_PROTOCOL,
+    PsiError,
+    PsiReply,
+    PsiServer,
+    PsiTooLarge,
+    dataset_digest,
+    decode_psi_request,
+    encode_psi_reply,
+    new_server_key,
+)
+from shared.schedule import split_train_eval
+
+__all__ = ["Aligner", "Alignment", "PsiAligner"]
+
+log = logging.getLogger("fedlite.party_b")
+
+# (content digest of the id list) -> (public dataset version, secret PSI key), from the store
+KeyLookup = Callable[[str], tuple[str, bytes]]
+
+
+class Aligner(Protocol):
+    def dataset_version(self) -> str:
+        """Public name of party B's current id set; changes when the set changes."""
+        ...
+
+    def psi(self, request: bytes, *, max_ids: int) -> tuple[PsiReply, int]:
+        """Answer one PSI request: the reply and how many ids it held.
+
+        Raises ``shared.psi.PsiError`` for a bad request.
+        """
+        ...
+
+    def intersect(self, own_keys: set[bytes], offered: list[bytes]) -> set[bytes]:
+        """Aligned keys both parties hold (each party orders them by its raw ids)."""
+        ...
+
+
+class PsiAligner:
+    """ECDH-PSI over party B's ids; the blinded set is built on first use and then kept."""
+
+    def __init__(self, ids: Sequence[str], keys: KeyLookup) -> None:
+        self._ids = ids
+        self._keys = keys
+        self._lock = threading.Lock()
+        self._version: str | None = None
+        self._server: PsiServer | None = None
+
+    def dataset_version(self) -> str:
+        with self._lock:
+            if self._version is None:
+                self._version, _key = self._keys(dataset_digest(self._ids))
+            return self._version
+
+    def psi(self, request: bytes, *, max_ids: int) -> tuple[PsiReply, int]:
+        server, version = self._server_and_version()
+        response, count = server.respond(request, max_ids=max_ids)
+        return PsiReply(dataset_version=version, setup=server.setup, response=response), count
+
+    def intersect(self, own_keys: set[bytes], offered: list[bytes]) -> set[bytes]:
+        return own_keys.intersection(offered)
+
+    def _server_and_version(self) -> tuple[PsiServer, str]:
+        with self._lock:  # one thread builds the set-up; the others wait for it
+            if self._server is None or self._version is None:
+                self._version, key = self._keys(dataset_digest(self._ids))
+                log.info("building the PSI set-up of %d ids (once per dataset)", len(self._ids))
+                self._server = PsiServer(self._ids, key)
+            return self._server, self._version
+
+
+class Alignment:
+    """The alignment room: PSI with party A, then aligning a run on the intersection."""
+
+    def __init__(
+        self,
+        *,
+        sessions: sessionmaker[Session],
+        labels: LabelSource,
+        limits: Limits,
+        metrics: Metrics,
+        admission: Admission,
+        checkpoints_kept: int,
+        aligner: Aligner | None = None,
+    ) -> None:
+        self._sessions = sessions
+        self._labels = labels
+        self._limits = limits
+        self._metrics = metrics
+        self._admission = admission
+        self._keep = checkpoints_kept
+        self._aligner = aligner or PsiAligner(labels.ids, self._psi_key)
+        self._decode_limits = decode_limits(limits)
+
+    def psi_info(self, caller: Caller) -> PsiInfo:
+        """What party A needs before a PSI: party B's dataset version (to look up its cache)."""
+        return PsiInfo(
+            dataset_version=self._aligner.dataset_version(),
+            protocol=PSI_PROTOCOL,
+            size=len(self._labels.ids),
+            max_ids=self._limits.max_aligned_ids,
+        )
+
+    def psi(self, caller: Caller, body: bytes) -> bytes:
+        """One private set intersection request (shared.psi); returns the encoded PsiReply."""
+        try:
+            request = decode_psi_request(body, limits=self._decode_limits)
+            reply, count = self._aligner.psi(request.request, max_ids=self._limits.max_aligned_ids)
+        except PsiTooLarge as exc:
+            raise ProblemError.limit(str(exc)) from None
+        except (PsiError, codec.CodecError) as exc:
+            raise ProblemError.malformed(str(exc)) from None
+        # Every PSI answers "which of these ids do you hold?": keep a record of who asked.
+        log.info("PSI request from %s: %d ids offered", caller.name, count)
+        data = encode_psi_reply(reply)
+        self._metrics.bytes_received.labels("psi").inc(len(body))
+        self._metrics.bytes_sent.labels("psi").inc(len(data))
+        return data
+
+    def align(self, caller: Caller, run_id: str, hashed_hex: Sequence[str]) -> AlignmentOut:
+        """Align the run on the ids party A sends and start it (idempotent).
+
+        Party A sends HMAC(run key, id) of the ids in its private set intersection with party B
+        (``psi``), none other; party B keeps the ones it holds.
+        """
+        if len(hashed_hex) > self._limits.max_aligned_ids:
+            raise ProblemError.limit(
+                f"{len(hashed_hex)} ids, over the limit {self._limits.max_aligned_ids}"
+            )
+        offered = [bytes.fromhex(h) for h in hashed_hex]
+        with self._sessions() as session:
+            run = owned_row(session, caller, run_id)
+            own = hmac_ids(bytes.fromhex(run.alignment_key), self._labels.ids)
+            common = self._aligner.intersect(set(own), offered)
+            aligned = order_by_raw_id(self._labels.ids, own, common)
+            if run.status != RunStatus.CREATED.value:
+                if run.aligned_ids == b"".join(aligned):
+                    return alignment_out(run, aligned)  # a retried call: same answer
+                raise ProblemError.run_state("run is already aligned with a different id set")
+            self._start(session, run, aligned)
+            session.commit()
+            return alignment_out(run, aligned)
+
+    def _start(self, session: Session, run: store.Run, aligned: list[bytes]) -> None:
+        """Split the aligned ids, store them and the initial model: the run is training."""
+        spec = RunCreate.from_stored(run.config)
+        train_pos, eval_pos = split_train_eval(
+            max(len(aligned), 1),
+            seed=spec.seed,
+            eval_fraction=spec.eval_fraction,
+            version=spec.schedule_version,
+        )
+        if len(aligned) < 2 or len(train_pos) < spec.batch_size:
+            raise ProblemError.invalid(
+                f"only {len(aligned)} ids in common ({len(train_pos)} for training); "
+                f"need at least batch_size={spec.batch_size} training samples"
+            )
+        model_state, optimizer_state = self._admission.new_trainer(spec).state()
+        run.aligned_ids = b"".join(aligned)
+        run.train_size, run.eval_size = len(train_pos), len(eval_pos)
+        run.status = RunStatus.TRAINING.value
+        store.save_checkpoint(
+            session,
+            run_id=run.id,
+            step=0,
+            model_state=model_state,
+            optimizer_state=optimizer_state,
+            request_sha256=None,
+            response=None,
+            keep=self._keep,
+        )
+
+    def _psi_key(self, ids_sha256: str) -> tuple[str, bytes]:
+        with self._sessions() as session:
+            row = store.psi_key(session, ids_sha256=ids_sha256, new_key=new_server_key)
+            return row.dataset_version, row.private_key

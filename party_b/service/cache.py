@@ -1,0 +1,98 @@
+"""The runs party B holds in memory: every training run in use, and the last few finished.
+
+A run's state is loaded from the store on first use (``RunLoader``), by one thread while
+others asking for it wait. Lookups are by owner as well as id: a request for a run the
+caller does not own takes exactly the path of a request for an id that names no run (the
+store's ownership lookup, then 404), whether or not the run is in memory, so neither the
+answer nor its timing tells another token that the run exists.
+"""
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+
+from party_b.metrics import Metrics
+from party_b.service.state import Caller, RunState
+
+__all__ = ["FINISHED_KEPT", "RunCache"]
+
+FINISHED_KEPT = 4  # finished runs kept in memory for evaluate/predict
+
+Loader = Callable[[Caller, str], RunState]  # raises ProblemError (404 unless owned)
+
+
+class RunCache:
+    def __init__(self, load: Loader, metrics: Metrics) -> None:
+        self._load = load
+        self._metrics = metrics
+        self._live: dict[str, RunState] = {}
+        self._finished: OrderedDict[str, RunState] = OrderedDict()
+        self._lock = threading.Lock()  # guards _live, _finished and _loading
+        self._loading: dict[str, threading.Lock] = {}
+
+    def owned(self, caller: Caller, run_id: str) -> RunState:
+        """The in-memory state of an aligned run the caller owns, loaded on first use."""
+        # A loading lock exists only while a run is being loaded (one per run id ever asked
+        # for, unknown ones included, would grow without bound). Whoever holds it loads; the
+        # others wait, and then start over: the run is in memory by then, or the load failed
+        # and its lock was retired, so that exactly one of them takes a fresh lock and tries
+        # again (never two loads of one run at once, never two states of one run).
+        while True:
+            with self._lock:
+                state = self._get(run_id)
+                if state is not None and state.owner_id == caller.token_id:
+                    return state
+                # not in memory, or not the caller's: the store decides, the same way for both
+                loading = self._loading.setdefault(run_id, threading.Lock())
+            with loading:
+                with self._lock:
+                    if self._loading.get(run_id) is not loading:
+                        continue  # retired while we waited: look again
+                try:
+                    return self._load_once(caller, run_id)
+                finally:
+                    with self._lock:
+                        del self._loading[run_id]
+
+    def peek(self, run_id: str) -> RunState | None:
+        """The state if it is in memory (for views; no ownership check, no load)."""
+        with self._lock:
+            return self._get(run_id)
+
+    def retire(self, run_id: str, state: RunState) -> None:
+        """Move a run that finished to the few finished runs kept in memory."""
+        with self._lock:
+            self._live.pop(run_id, None)
+            self._keep_finished(run_id, state)
+
+    def drop(self, run_id: str) -> None:
+        """Forget a run's state: the next use reloads it from its newest checkpoint."""
+        with self._lock:
+            self._live.pop(run_id, None)
+            self._finished.pop(run_id, None)
+            self._count()
+
+    def _load_once(self, caller: Caller, run_id: str) -> RunState:
+        with self._lock:  # another owner's request may have loaded it while we waited
+            state = self._get(run_id)
+        if state is None or state.owner_id != caller.token_id:
+            state = self._load(caller, run_id)  # 404 unless the caller owns the run
+            with self._lock:
+                if state.finished:
+                    self._keep_finished(run_id, state)
+                else:
+                    self._live[run_id] = state
+                    self._count()
+        return state
+
+    def _get(self, run_id: str) -> RunState | None:
+        return self._live.get(run_id) or self._finished.get(run_id)
+
+    def _keep_finished(self, run_id: str, state: RunState) -> None:
+        self._finished[run_id] = state
+        while len(self._finished) > FINISHED_KEPT:
+            self._finished.popitem(last=False)
+        self._count()
+
+    def _count(self) -> None:
+        self._metrics.live_runs.set(len(self._live) + len(self._finished))

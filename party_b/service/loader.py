@@ -1,0 +1,116 @@
+"""Loading a run from the store into memory: its top model at the newest checkpoint, its
+aligned ids mapped to label rows, its split and batch schedule."""
+
+import logging
+
+import numpy as np
+from sqlalchemy.orm import Session, sessionmaker
+
+from api_schemas import RunCreate, RunStatus
+from party_b import store
+from party_b.errors import ProblemError
+from party_b.labels import LabelSource
+from party_b.service.admission import Admission
+from party_b.service.state import Caller, RunState, owned_row
+from party_b.service.wire import dequantizer
+from party_b.top import TopTrainer
+from shared.alignment import hmac_ids
+from shared.schedule import split_train_eval
+
+__all__ = ["RunLoader", "key_index", "restore"]
+
+log = logging.getLogger("fedlite.party_b")
+
+
+class RunLoader:
+    def __init__(
+        self, *, sessions: sessionmaker[Session], labels: LabelSource, admission: Admission
+    ) -> None:
+        self._sessions = sessions
+        self._labels = labels
+        self._admission = admission
+
+    def __call__(self, caller: Caller, run_id: str) -> RunState:
+        """The state of an aligned run the caller owns, at its newest checkpoint.
+
+        Steps logged past that checkpoint died with the process that applied them: they are
+        dropped here, in the same transaction that reads the checkpoint.
+        """
+        with self._sessions() as session:
+            run = owned_row(session, caller, run_id)
+            if run.status == RunStatus.CREATED.value or run.aligned_ids is None:
+                raise ProblemError.run_state("run is not aligned yet: POST its alignment first")
+            spec = RunCreate.from_stored(run.config)
+            trainer = self._admission.new_trainer(spec)
+            checkpoint = store.load_checkpoint(session, run_id)
+            if checkpoint is None:
+                raise ProblemError.internal(f"run {run_id} has no checkpoint")
+            restore(trainer, checkpoint)
+            store.forget_after(session, run_id, checkpoint.step)
+            session.commit()
+            state = self._state(run, spec, trainer)
+            state.commit(checkpoint.step, checkpoint.request_sha256, checkpoint.response)
+            return state
+
+    def _state(self, run: store.Run, spec: RunCreate, trainer: TopTrainer) -> RunState:
+        assert run.aligned_ids is not None
+        blob = run.aligned_ids
+        aligned = [blob[i : i + 32] for i in range(0, len(blob), 32)]
+        key = bytes.fromhex(run.alignment_key)
+        key_to_row = key_index(key, self._labels)
+        missing = sum(1 for k in aligned if k not in key_to_row)
+        if missing:
+            raise ProblemError.run_state(
+                f"{missing} aligned ids are no longer in party B's label table; "
+                "the table changed since the run was aligned"
+            )
+        train_pos, eval_pos = split_train_eval(
+            len(aligned),
+            seed=spec.seed,
+            eval_fraction=spec.eval_fraction,
+            version=spec.schedule_version,
+        )
+        label_rows = np.array([key_to_row[k] for k in aligned], dtype=np.int64)
+        return RunState(
+            run_id=run.id,
+            owner_id=run.owner_id,
+            alignment_key=key,
+            config=spec,
+            trainer=trainer,
+            aligned=aligned,
+            label_rows=label_rows,
+            train_pos=train_pos,
+            eval_pos=eval_pos,
+            batches=self._admission.batch_schedule(spec, label_rows[train_pos]),
+            # targets are (n,), (n, tags) or (n * T,): T activation rows per sample
+            rows_per_sample=int(self._labels.targets(label_rows[:1]).shape[0]),
+            dequantizer=dequantizer(spec),
+            finished=run.status == RunStatus.FINISHED.value,
+        )
+
+
+def key_index(key: bytes, labels: LabelSource) -> dict[bytes, int]:
+    """Aligned key (HMAC under the run's key) -> label row, for every id party B holds."""
+    return {k: row for row, k in enumerate(hmac_ids(key, labels.ids))}
+
+
+def restore(trainer: TopTrainer, checkpoint: store.Checkpoint) -> None:
+    """Load a checkpoint into ``trainer``; a row that is not a plain state dict is refused.
+
+    The bytes come from our own database, but a database file can be tampered with or damaged:
+    ``state_from_bytes`` unpickles with ``weights_only=True``, so a crafted row cannot run code,
+    and it fails here with a clear error instead of loading.
+    """
+    try:
+        trainer.load_state(checkpoint.model_state, checkpoint.optimizer_state)
+    except Exception as exc:
+        log.error(
+            "checkpoint of run %s at step %d is unreadable: %s",
+            checkpoint.run_id,
+            checkpoint.step,
+            exc,
+        )
+        raise ProblemError.internal(
+            f"party B's checkpoint at step {checkpoint.step} of this run does not load as a "
+            "plain state dict (damaged or tampered database); the operator must restore it",
+        ) from None

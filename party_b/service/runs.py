@@ -1,0 +1,178 @@
+"""Runs as records: create (quota, idempotency key), list, show, finish, logs, recovery."""
+
+import logging
+import secrets
+import threading
+import uuid
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from api_schemas import EvalResultOut, ProblemType, RunCreate, RunOut, RunStatus, StepLogOut
+from party_b import store
+from party_b.errors import ProblemError
+from party_b.labels import LabelSource
+from party_b.service.admission import Admission
+from party_b.service.cache import RunCache
+from party_b.service.state import Caller, owned_row
+from party_b.service.views import run_out
+from party_b.settings import Limits
+from shared.training import state_sha256
+
+__all__ = ["Runs"]
+
+log = logging.getLogger("fedlite.party_b")
+
+
+class Runs:
+    def __init__(
+        self,
+        *,
+        sessions: sessionmaker[Session],
+        labels: LabelSource,
+        limits: Limits,
+        admission: Admission,
+        cache: RunCache,
+        checkpoints_kept: int,
+    ) -> None:
+        self._sessions = sessions
+        self._labels = labels
+        self._limits = limits
+        self._admission = admission
+        self._cache = cache
+        self._keep = checkpoints_kept
+        self._create_lock = threading.Lock()  # a quota check and its insert, one at a time
+
+    def recover(self) -> list[tuple[str, str, int]]:
+        """Report where every training run resumes after a restart: [(id, name, step)].
+
+        Models load lazily on first use; this only reads checkpoint steps and drops step-log
+        rows past them (steps applied after the last checkpoint died with the old process).
+        """
+        resumed = []
+        with self._sessions() as session:
+            for run in store.runs_in_status(session, RunStatus.TRAINING.value):
+                steps = store.checkpoint_steps(session, run.id)
+                last = steps[-1] if steps else 0
+                store.forget_after(session, run.id, last)
+                resumed.append((run.id, run.name, last))
+                log.warning(
+                    "run %s (%s) resumes from checkpoint at step %d", run.id, run.name, last
+                )
+            session.commit()
+        return resumed
+
+    def create(self, caller: Caller, spec: RunCreate, idempotency_key: str | None) -> RunOut:
+        """A new run; with ``idempotency_key``, a repeat of the same request gets the same run."""
+        top = self._admission.check(spec)
+        run = store.Run(
+            id=uuid.uuid4().hex,
+            owner_id=caller.token_id,
+            name=spec.name,
+            status=RunStatus.CREATED.value,
+            config=spec.model_dump(mode="json"),
+            alignment_key=secrets.token_hex(32),
+            num_classes=self._labels.num_outputs,
+            side_features=int(top.get("side_features", 0)),
+        )
+        with self._create_lock, self._sessions() as session:
+            if idempotency_key is not None:
+                earlier = self._created_with(session, caller, spec, idempotency_key)
+                if earlier is not None:
+                    return earlier
+            self._check_quota(session, caller)
+            store.add_run(session, run, idempotency_key)
+            try:
+                session.commit()
+            except IntegrityError:  # the same key arrived twice at once: the other one won
+                session.rollback()
+                assert idempotency_key is not None
+                earlier = self._created_with(session, caller, spec, idempotency_key)
+                if earlier is None:
+                    raise
+                return earlier
+            return run_out(session, run, None)
+
+    def list_runs(self, caller: Caller) -> list[RunOut]:
+        with self._sessions() as session:
+            runs = store.runs_of(session, caller.token_id)
+            return [run_out(session, run, self._cache.peek(run.id)) for run in runs]
+
+    def get(self, caller: Caller, run_id: str) -> RunOut:
+        """The run; for an aligned one also its top model's checksum at the reported step."""
+        with self._sessions() as session:
+            run = owned_row(session, caller, run_id)
+            if run.status == RunStatus.CREATED.value:
+                return run_out(session, run, None)
+        try:
+            state = self._cache.owned(caller, run_id)
+        except ProblemError:  # e.g. the label table lost ids: still show the run
+            with self._sessions() as session:
+                return run_out(session, owned_row(session, caller, run_id), None)
+        with state.lock, self._sessions() as session:  # step and checksum of one moment
+            out = run_out(session, owned_row(session, caller, run_id), state)
+            out.model_sha256 = state_sha256(state.trainer.model.state_dict())
+            return out
+
+    def finish(self, caller: Caller, run_id: str) -> RunOut:
+        """No more steps; the final model is checkpointed and keeps serving predictions."""
+        with self._sessions() as session:
+            run = owned_row(session, caller, run_id)
+            if run.status == RunStatus.FINISHED.value:
+                return run_out(session, run, self._cache.peek(run_id))
+            if run.status != RunStatus.TRAINING.value:
+                raise ProblemError.run_state(f"run is {run.status}; align and train it first")
+        state = self._cache.owned(caller, run_id)
+        with state.lock, self._sessions() as session:
+            run = owned_row(session, caller, run_id)
+            if run.status == RunStatus.TRAINING.value:
+                model_state, optimizer_state = state.trainer.state()
+                store.save_checkpoint(
+                    session,
+                    run_id=run_id,
+                    step=state.step,
+                    model_state=model_state,
+                    optimizer_state=optimizer_state,
+                    request_sha256=state.last_request_sha,
+                    response=state.last_response,
+                    keep=self._keep,
+                )
+                run.status = RunStatus.FINISHED.value
+                session.commit()
+                state.finished = True
+                self._cache.retire(run_id, state)
+            return run_out(session, run, state)
+
+    def step_log(self, caller: Caller, run_id: str, start: int, limit: int) -> list[StepLogOut]:
+        with self._sessions() as session:
+            owned_row(session, caller, run_id)
+            rows = store.step_log(session, run_id, start, limit)
+            return [StepLogOut.model_validate(r, from_attributes=True) for r in rows]
+
+    def eval_results(self, caller: Caller, run_id: str) -> list[EvalResultOut]:
+        with self._sessions() as session:
+            owned_row(session, caller, run_id)
+            rows = store.eval_results(session, run_id)
+            return [EvalResultOut.model_validate(r, from_attributes=True) for r in rows]
+
+    def _check_quota(self, session: Session, caller: Caller) -> None:
+        open_runs = store.count_open_runs(session, caller.token_id, RunStatus.FINISHED.value)
+        if open_runs >= self._limits.max_runs_per_token:
+            raise ProblemError(
+                ProblemType.TOO_MANY_RUNS,
+                f"this token already has {open_runs} unfinished runs "
+                f"(limit {self._limits.max_runs_per_token}); finish one first",
+            )
+
+    def _created_with(
+        self, session: Session, caller: Caller, spec: RunCreate, key: str
+    ) -> RunOut | None:
+        run = store.run_created_with_key(session, caller.token_id, key)
+        if run is None:
+            return None
+        if run.config != spec.model_dump(mode="json"):
+            raise ProblemError(
+                ProblemType.IDEMPOTENCY_KEY_REUSED,
+                f"run {run.id} was created with this Idempotency-Key and another configuration",
+            )
+        return run_out(session, run, self._cache.peek(run.id))

@@ -1,0 +1,148 @@
+"""Serving a run's top model: evaluate (metrics stay at party B) and predict (scores).
+
+Activations that are finite but make the top model's outputs overflow are 422
+``activations-out-of-range``, never a 500; nothing is logged for them.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+from sqlalchemy.orm import Session, sessionmaker
+from torch import Tensor
+
+from api_schemas import ProblemType
+from party_b import store
+from party_b.errors import ProblemError
+from party_b.labels import LabelSource
+from party_b.metrics import Metrics
+from party_b.service import wire
+from party_b.service.cache import RunCache
+from party_b.service.loader import key_index
+from party_b.service.state import Caller, RunState
+from party_b.service.views import finite_or_none
+from party_b.top import OutputNotFinite
+from shared import codec
+from shared.schedule import batch_digest
+
+__all__ = ["Serving"]
+
+
+class Serving:
+    def __init__(
+        self,
+        *,
+        sessions: sessionmaker[Session],
+        labels: LabelSource,
+        cache: RunCache,
+        metrics: Metrics,
+        decode_limits: codec.DecodeLimits,
+    ) -> None:
+        self._sessions = sessions
+        self._labels = labels
+        self._cache = cache
+        self._metrics = metrics
+        self._decode_limits = decode_limits
+
+    def evaluate(self, caller: Caller, run_id: str, body: bytes, split: str = "eval") -> bytes:
+        """Forward only over all ``split`` samples (in aligned order); metrics stay at party B."""
+        if split not in ("eval", "train"):
+            raise ProblemError.invalid(f"split must be 'eval' or 'train', got {split!r}")
+        state = self._cache.owned(caller, run_id)
+        with state.lock:
+            request = wire.decode(codec.decode_evaluate_request, body, self._decode_limits)
+            positions = state.positions_of(split)
+            if len(positions) == 0:
+                raise ProblemError.invalid(f"the run has no {split} samples")
+            if request.ids_digest != batch_digest([state.aligned[p] for p in positions]):
+                raise ProblemError(
+                    ProblemType.BATCH_MISMATCH,
+                    f"the evaluation ids' digest does not match party B's {len(positions)} "
+                    f"{split} samples",
+                )
+            rows_per_sample = state.rows_per_sample
+            z_tilde = wire.dequantize(
+                state,
+                request.chunks,
+                expected_rows=rows_per_sample * len(positions),
+                allow_raw=True,
+            )
+            rows = state.label_rows[positions]
+            with _out_of_range():
+                outcome = state.trainer.evaluate(
+                    z_tilde, self._labels.targets(rows), self._side(state, rows)
+                )
+            # "eval+raw": the same samples, sent unquantized (z, not z~)
+            logged_split = split if wire.is_quantized(request.chunks) else f"{split}+raw"
+            with self._sessions() as session:
+                store.log_evaluation(
+                    session,
+                    run_id=run_id,
+                    step=state.step,
+                    split=logged_split,
+                    n=outcome.n,
+                    loss=finite_or_none(outcome.loss),
+                    metrics={k: finite_or_none(v) for k, v in outcome.metrics.items()},
+                )
+                session.commit()
+        response = codec.encode_evaluate_response(
+            codec.EvaluateResponse(n=outcome.n, loss=outcome.loss, metrics=outcome.metrics)
+        )
+        self._metrics.bytes_received.labels("evaluate").inc(len(body))
+        self._metrics.bytes_sent.labels("evaluate").inc(len(response))
+        return response
+
+    def predict(self, caller: Caller, run_id: str, body: bytes) -> bytes:
+        """Forward only for the given (hashed) ids: serving after or during training."""
+        state = self._cache.owned(caller, run_id)
+        if state.rows_per_sample != 1:
+            raise ProblemError.invalid(
+                f"predict gives one score per sample; this run's model makes "
+                f"{state.rows_per_sample} activation rows per sample (one per token)"
+            )
+        request = wire.decode(codec.decode_predict_request, body, self._decode_limits)
+        side: Tensor | None = None
+        with state.lock:
+            if state.config.use_side_features and state.trainer.model.side_features:
+                side = self._labels.side(self._rows_of(state, request.ids))
+            z_tilde = wire.dequantize(
+                state, request.chunks, expected_rows=request.rows, allow_raw=True
+            )
+            with _out_of_range():
+                scores = state.trainer.predict(z_tilde, side)
+        response = codec.encode_predict_response(
+            codec.PredictResponse(ids=request.ids, scores=scores.numpy())
+        )
+        self._metrics.bytes_received.labels("predict").inc(len(body))
+        self._metrics.bytes_sent.labels("predict").inc(len(response))
+        return response
+
+    def _side(self, state: RunState, rows: np.ndarray) -> Tensor | None:
+        return self._labels.side(rows) if state.trainer.model.side_features else None
+
+    def _rows_of(self, state: RunState, hashed_hex: list[str]) -> np.ndarray:
+        """Label-source rows of hashed ids (caller holds state.lock)."""
+        if state.key_index is None:
+            state.key_index = key_index(state.alignment_key, self._labels)
+        rows, unknown = [], 0
+        for h in hashed_hex:
+            try:
+                rows.append(state.key_index[bytes.fromhex(h)])
+            except (ValueError, KeyError):
+                unknown += 1
+        if unknown:
+            raise ProblemError(
+                ProblemType.UNKNOWN_IDS,
+                f"{unknown} of {len(hashed_hex)} ids are not hashed ids party B holds "
+                "(expected hex HMAC-SHA256 under the run's alignment key)",
+            )
+        return np.array(rows, dtype=np.int64)
+
+
+@contextmanager
+def _out_of_range() -> Iterator[None]:
+    """Turn the top model's overflow into a 422 problem."""
+    try:
+        yield
+    except OutputNotFinite as exc:
+        raise ProblemError(ProblemType.ACTIVATIONS_OUT_OF_RANGE, str(exc)) from None

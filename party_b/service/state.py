@@ -1,0 +1,74 @@
+"""Who asks and what party B holds in memory for a run: ``Caller`` and ``RunState``."""
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from api_schemas import RunCreate
+from party_b import store
+from party_b.errors import ProblemError
+from party_b.top import TopTrainer
+from shared.quantizer import GroupedProductQuantizer
+from shared.schedule import BatchSchedule, StepBatch
+
+__all__ = ["Caller", "RunState", "owned_row"]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The authenticated token a request came with."""
+
+    token_id: int
+    name: str
+
+
+@dataclass
+class RunState:
+    """An aligned run with its top model in memory. Guarded by ``lock``.
+
+    ``step``, ``last_request_sha`` and ``last_response`` change together, only when a step
+    commits (``party_b.service.steps``) or the run rolls back to a checkpoint.
+    """
+
+    run_id: str
+    owner_id: int
+    alignment_key: bytes
+    config: RunCreate
+    trainer: TopTrainer
+    aligned: list[bytes]  # aligned keys (HMACs) in raw-id order, the order both parties use
+    label_rows: np.ndarray  # (n_aligned,) row of each aligned key in the label source
+    train_pos: np.ndarray  # positions into ``aligned``
+    eval_pos: np.ndarray
+    batches: BatchSchedule  # the batch of every step, as positions into ``train_pos``
+    rows_per_sample: int  # activation rows per sample: 1, or T tokens for sequence models
+    dequantizer: GroupedProductQuantizer | None  # None for raw runs
+    step: int = 0  # last applied step
+    last_request_sha: bytes | None = None
+    last_response: bytes | None = None
+    finished: bool = False
+    key_index: dict[bytes, int] | None = None  # all of party B's ids, built on first predict
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def positions_of(self, split: str) -> np.ndarray:
+        """Positions into ``aligned`` of the run's ``"train"`` or ``"eval"`` samples."""
+        return self.train_pos if split == "train" else self.eval_pos
+
+    def batch(self, step: int) -> StepBatch:
+        """Step ``step``'s rows as positions into ``aligned``, and its chunk sizes."""
+        batch = self.batches.batch(step)
+        return StepBatch(self.train_pos[batch.positions], batch.chunk_sizes)
+
+    def commit(self, step: int, request_sha: bytes | None, response: bytes | None) -> None:
+        """Record that ``step`` is the last applied step, answered with ``response``."""
+        self.step, self.last_request_sha, self.last_response = step, request_sha, response
+
+
+def owned_row(session: Session, caller: Caller, run_id: str) -> store.Run:
+    """The run's row if the caller owns it; otherwise 404, the same for another token's run
+    as for a missing one (one lookup either way)."""
+    run = store.owned_run(session, caller.token_id, run_id)
+    if run is None:
+        raise ProblemError.not_found(f"no run {run_id!r}")
+    return run

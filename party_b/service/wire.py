@@ -1,0 +1,94 @@
+"""From the wire to z~: decoding a request's body and dequantizing its activation chunks.
+
+A body that does not decode is 400 ``malformed-message`` (the codec's message names the
+field); chunks that decode but do not fit the run (rows, width, quantizer, kind) are 422
+``shape-mismatch``.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import torch
+from torch import Tensor
+
+from api_schemas import RunCreate
+from party_b.errors import ProblemError
+from party_b.service.state import RunState
+from party_b.settings import Limits
+from shared import codec
+from shared.quantizer import GroupedProductQuantizer, PQCode, PQConfig
+
+__all__ = ["decode", "decode_limits", "dequantize", "dequantizer", "is_quantized"]
+
+M = TypeVar("M")
+
+
+def decode_limits(limits: Limits) -> codec.DecodeLimits:
+    """The codec's bounds from the operator's limits."""
+    return codec.DecodeLimits(
+        max_batch=limits.max_batch,
+        max_dim=limits.max_dim,
+        max_q=limits.max_q,
+        max_L=limits.max_L,
+    )
+
+
+def decode(decoder: Callable[..., M], body: bytes, limits: codec.DecodeLimits) -> M:
+    """``decoder(body)``; any malformed input is a 400 problem naming what is wrong."""
+    try:
+        return decoder(body, limits=limits)
+    except codec.CodecError as exc:
+        raise ProblemError.malformed(str(exc)) from None
+
+
+def dequantizer(spec: RunCreate) -> GroupedProductQuantizer | None:
+    """The run's quantizer (for decoding codes), or None for a raw (SplitFed) run."""
+    q = spec.quantizer
+    if q.mode == "raw":
+        return None
+    assert q.q is not None and q.L is not None
+    return GroupedProductQuantizer(spec.cut_dim, PQConfig(q=q.q, L=q.L, R=q.R))
+
+
+def is_quantized(chunks: Sequence[codec.Activations]) -> bool:
+    return not any(isinstance(c, codec.RawActivations) for c in chunks)
+
+
+def dequantize(
+    state: RunState,
+    chunks: Sequence[codec.Activations],
+    *,
+    expected_rows: int,
+    allow_raw: bool = False,
+) -> Tensor:
+    """Concatenate the chunks' z~ into (rows, d), checking they fit the run's config.
+
+    ``allow_raw``: a FedLite run also takes raw activations (evaluate and predict: the
+    model without compression; training steps must be quantized as configured)."""
+    spec = state.config
+    rows = sum(c.B for c in chunks)
+    if rows != expected_rows:
+        raise ProblemError.shape(f"{rows} activation rows, expected {expected_rows}")
+    if chunks[0].d != spec.cut_dim:
+        raise ProblemError.shape(f"activations have d={chunks[0].d}, the run has {spec.cut_dim}")
+    parts = [_dequantize_chunk(state, chunk, allow_raw) for chunk in chunks]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _dequantize_chunk(state: RunState, chunk: codec.Activations, allow_raw: bool) -> Tensor:
+    if isinstance(chunk, codec.RawActivations):
+        if state.dequantizer is not None and not allow_raw:
+            raise ProblemError.shape("raw activations sent to a FedLite (pq) run")
+        return torch.from_numpy(chunk.activations)
+    if state.dequantizer is None:
+        raise ProblemError.shape("quantized activations sent to a raw (SplitFed) run")
+    cfg = state.dequantizer.config
+    if (chunk.q, chunk.R, chunk.L) != (cfg.q, cfg.R, cfg.L):
+        raise ProblemError.shape(
+            f"quantizer (q, R, L) = {(chunk.q, chunk.R, chunk.L)}, "
+            f"the run has {(cfg.q, cfg.R, cfg.L)}"
+        )
+    code = PQCode(
+        codebook=torch.from_numpy(chunk.codebook), codewords=torch.from_numpy(chunk.codewords)
+    )
+    return state.dequantizer.decode(code)

@@ -1,0 +1,74 @@
+"""Checkpoints of party B's runs: the top model and optimizer after a step, with that step's
+request hash and response.
+
+A checkpoint is one row written in one transaction together with the pruning of older ones,
+so after a crash it is either wholly there or not there. Callers commit.
+"""
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from party_b.store.tables import Checkpoint, StepLog
+
+__all__ = ["checkpoint_steps", "forget_after", "load_checkpoint", "save_checkpoint"]
+
+
+def save_checkpoint(
+    session: Session,
+    *,
+    run_id: str,
+    step: int,
+    model_state: bytes,
+    optimizer_state: bytes,
+    request_sha256: bytes | None,
+    response: bytes | None,
+    keep: int,
+) -> None:
+    """Insert (or replace) the checkpoint of ``step`` and prune to the newest ``keep``.
+
+    The caller commits; all of it lands in one transaction.
+    """
+    session.merge(
+        Checkpoint(
+            run_id=run_id,
+            step=step,
+            model_state=model_state,
+            optimizer_state=optimizer_state,
+            request_sha256=request_sha256,
+            response=response,
+        )
+    )
+    session.flush()
+    kept = session.scalars(
+        select(Checkpoint.step)
+        .where(Checkpoint.run_id == run_id)
+        .order_by(Checkpoint.step.desc())
+        .limit(keep)
+    ).all()
+    session.execute(
+        delete(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step.not_in(kept))
+    )
+
+
+def checkpoint_steps(session: Session, run_id: str) -> list[int]:
+    return list(
+        session.scalars(
+            select(Checkpoint.step).where(Checkpoint.run_id == run_id).order_by(Checkpoint.step)
+        )
+    )
+
+
+def load_checkpoint(session: Session, run_id: str, step: int | None = None) -> Checkpoint | None:
+    """The checkpoint of ``step``, or the newest one when ``step`` is None."""
+    query = select(Checkpoint).where(Checkpoint.run_id == run_id)
+    if step is None:
+        query = query.order_by(Checkpoint.step.desc()).limit(1)
+    else:
+        query = query.where(Checkpoint.step == step)
+    return session.scalars(query).first()
+
+
+def forget_after(session: Session, run_id: str, step: int) -> None:
+    """Drop step-log rows and checkpoints past ``step``: that future was rolled back."""
+    session.execute(delete(StepLog).where(StepLog.run_id == run_id, StepLog.step > step))
+    session.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step > step))

@@ -1,0 +1,125 @@
+"""Every query party B's service makes about runs, their logs and PSI keys.
+
+The rooms of ``party_b.service`` hold no SQL of their own: they open a session, call these
+and commit. Functions that write leave the commit to the caller (one transaction per
+operation), except ``psi_key``, which commits the row it creates.
+"""
+
+import secrets
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from party_b.store.tables import EvalResult, IdempotencyKey, PsiKey, Run, StepLog
+
+__all__ = [
+    "add_run",
+    "count_open_runs",
+    "eval_results",
+    "log_evaluation",
+    "log_step",
+    "owned_run",
+    "psi_key",
+    "run_created_with_key",
+    "runs_in_status",
+    "runs_of",
+    "step_log",
+]
+
+
+# --------------------------------------------------------------------------------- runs
+
+
+def owned_run(session: Session, owner_id: int, run_id: str) -> Run | None:
+    """The run ``run_id`` if ``owner_id`` owns it; None for another owner's run and for no
+    run alike (one indexed lookup either way: the answer and its cost say nothing more)."""
+    query = select(Run).where(Run.id == run_id, Run.owner_id == owner_id)
+    return session.scalars(query).first()
+
+
+def runs_of(session: Session, owner_id: int) -> Sequence[Run]:
+    """The owner's runs, oldest first."""
+    query = select(Run).where(Run.owner_id == owner_id).order_by(Run.created_at)
+    return session.scalars(query).all()
+
+
+def runs_in_status(session: Session, status: str) -> Sequence[Run]:
+    return session.scalars(select(Run).where(Run.status == status)).all()
+
+
+def count_open_runs(session: Session, owner_id: int, finished: str) -> int:
+    """Runs of the owner whose status is not ``finished``."""
+    query = (
+        select(func.count())
+        .select_from(Run)
+        .where(Run.owner_id == owner_id, Run.status != finished)
+    )
+    return int(session.scalar(query) or 0)
+
+
+def run_created_with_key(session: Session, owner_id: int, key: str) -> Run | None:
+    """The owner's run whose creation carried ``Idempotency-Key: key``, if any."""
+    known = session.get(IdempotencyKey, (owner_id, key))
+    return session.get(Run, known.run_id) if known is not None else None
+
+
+def add_run(session: Session, run: Run, idempotency_key: str | None) -> None:
+    """Insert ``run``, and the key it was created with (the commit may then raise
+    IntegrityError: the same key arrived twice at once)."""
+    session.add(run)
+    if idempotency_key is not None:
+        session.flush()  # the run row first: the key refers to it
+        session.add(IdempotencyKey(owner_id=run.owner_id, key=idempotency_key, run_id=run.id))
+
+
+# --------------------------------------------------------------------------------- logs
+
+
+def log_step(session: Session, **row: Any) -> None:
+    """Add one step-log row (columns of ``StepLog``)."""
+    session.add(StepLog(**row))
+
+
+def step_log(session: Session, run_id: str, start: int, limit: int) -> Sequence[StepLog]:
+    """Up to ``limit`` step-log rows of the run from step ``start`` on, in step order."""
+    query = (
+        select(StepLog)
+        .where(StepLog.run_id == run_id, StepLog.step >= start)
+        .order_by(StepLog.step)
+        .limit(limit)
+    )
+    return session.scalars(query).all()
+
+
+def log_evaluation(session: Session, **row: Any) -> None:
+    """Add one evaluation result (columns of ``EvalResult``)."""
+    session.add(EvalResult(**row))
+
+
+def eval_results(session: Session, run_id: str) -> Sequence[EvalResult]:
+    """The run's evaluation results, oldest first."""
+    query = select(EvalResult).where(EvalResult.run_id == run_id).order_by(EvalResult.id)
+    return session.scalars(query).all()
+
+
+# --------------------------------------------------------------------------------- PSI keys
+
+
+def psi_key(session: Session, *, ids_sha256: str, new_key: Callable[[], bytes]) -> PsiKey:
+    """The PSI key row of an id set, created (and committed) on first use."""
+    row = session.get(PsiKey, ids_sha256)
+    if row is None:
+        row = PsiKey(
+            ids_sha256=ids_sha256, dataset_version=secrets.token_hex(8), private_key=new_key()
+        )
+        session.add(row)
+        try:
+            session.commit()
+        except IntegrityError:  # another process of party B made it first
+            session.rollback()
+            row = session.get(PsiKey, ids_sha256)
+            assert row is not None
+    return row

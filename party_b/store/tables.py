@@ -1,0 +1,160 @@
+"""Party B's tables (SQLAlchemy 2.0 declarative): tokens, runs, step log, checkpoints, PSI keys.
+
+The types used here (JSON, LargeBinary) are portable between SQLite and PostgreSQL. A table
+added later is created by ``make_engine``'s ``create_all`` on an older database: new state
+goes into new tables, so upgrading needs no migration.
+"""
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, LargeBinary, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = [
+    "ApiToken",
+    "Base",
+    "Checkpoint",
+    "EvalResult",
+    "IdempotencyKey",
+    "PsiKey",
+    "RevokedToken",
+    "Run",
+    "StepLog",
+]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ApiToken(Base):
+    """An operator-issued bearer token, stored only as its SHA-256."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(120), unique=True)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), index=True)
+    name: Mapped[str] = mapped_column(String(120))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    alignment_key: Mapped[str] = mapped_column(String(64))
+    num_classes: Mapped[int] = mapped_column(Integer)
+    side_features: Mapped[int] = mapped_column(Integer)
+    # Sorted 32-byte HMACs of the intersection, concatenated (set once, at alignment).
+    aligned_ids: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    train_size: Mapped[int | None] = mapped_column(Integer, default=None)
+    eval_size: Mapped[int | None] = mapped_column(Integer, default=None)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=_now, onupdate=_now
+    )
+
+
+class StepLog(Base):
+    """One row per applied training step (rows past a restored checkpoint are deleted)."""
+
+    __tablename__ = "step_log"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    loss: Mapped[float | None] = mapped_column(Float)
+    accuracy: Mapped[float | None] = mapped_column(Float)
+    bytes_in: Mapped[int] = mapped_column(Integer)
+    bytes_out: Mapped[int] = mapped_column(Integer)
+    decode_ms: Mapped[float] = mapped_column(Float)
+    compute_ms: Mapped[float] = mapped_column(Float)
+    total_ms: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class Checkpoint(Base):
+    """Top model and optimizer after ``step``, plus that step's request hash and response.
+
+    Keeping the response lets a restarted party B answer a resent step identically.
+    """
+
+    __tablename__ = "checkpoints"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_state: Mapped[bytes] = mapped_column(LargeBinary)
+    optimizer_state: Mapped[bytes] = mapped_column(LargeBinary)
+    request_sha256: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    response: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class EvalResult(Base):
+    __tablename__ = "eval_results"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    split: Mapped[str] = mapped_column(String(16))
+    n: Mapped[int] = mapped_column(Integer)
+    loss: Mapped[float | None] = mapped_column(Float)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class RevokedToken(Base):
+    """The SHA-256 of every token ever revoked, kept after its name gets a new token.
+
+    ``api_tokens`` holds one (current) token per name; without this table, revoking a leaked
+    token and issuing a new one under the same name forgot the old hash, and the next start-up
+    that registered the old token from FEDLITE_B_TOKENS brought it back. A table of its own so
+    that an older database gains it with ``create_all``, without a migration.
+    """
+
+    __tablename__ = "revoked_tokens"
+
+    token_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(120))
+    revoked_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class IdempotencyKey(Base):
+    """The ``Idempotency-Key`` of the POST that created a run, per token.
+
+    A retried ``POST /v1/runs`` whose answer was lost gets this run back instead of creating a
+    second one. A table of its own (not a column of ``runs``) so that a database from before
+    it gains it with ``create_all`` at start-up, without a migration.
+    """
+
+    __tablename__ = "idempotency_keys"
+
+    owner_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class PsiKey(Base):
+    """Party B's secret PSI scalar for one id set, and the public name of that set.
+
+    Keeping the key keeps party B's blinded set (and so party A's cached intersections) valid
+    across restarts; a new label table gets a new row. It is as secret as the ids themselves:
+    with it and a PSI set-up, anyone can test guessed ids.
+    """
+
+    __tablename__ = "psi_keys"
+
+    ids_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)  # dataset_digest
+    dataset_version: Mapped[str] = mapped_column(String(32), unique=True)
+    private_key: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)

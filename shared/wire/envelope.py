@@ -1,0 +1,58 @@
+"""The envelope of every wire message: one msgpack map with the version ``"v"`` and type ``"t"``.
+
+Training messages (``shared.codec``) and PSI messages (``shared.psi``) share it: one wire
+version, one list of type tags, one reader. A decoder checks ``v`` first (so a future
+version's different fields are reported as an unsupported version, not as unknown fields),
+then ``t``, then that the map holds exactly the message's fields.
+"""
+
+from enum import StrEnum
+from typing import Any, Final
+
+import msgpack
+
+from shared.wire.reader import CodecError, DecodeLimits, Fields, type_name, unpack_map
+
+__all__ = ["WIRE_VERSION", "MessageType", "open_message", "pack"]
+
+WIRE_VERSION: Final = 1
+
+
+class MessageType(StrEnum):
+    """The type tag ``t`` of every message of the protocol (docs/PROTOCOL.md)."""
+
+    STEP_REQUEST = "step_req"
+    STEP_RESPONSE = "step_res"
+    EVALUATE_REQUEST = "eval_req"
+    EVALUATE_RESPONSE = "eval_res"
+    PREDICT_REQUEST = "pred_req"
+    PREDICT_RESPONSE = "pred_res"
+    PSI_REQUEST = "psi_request"
+    PSI_REPLY = "psi_reply"
+
+
+def pack(message_type: MessageType, fields: dict[str, Any]) -> bytes:
+    """The message's bytes: ``v`` and ``t`` first, then ``fields`` in their order."""
+    message = {"v": WIRE_VERSION, "t": message_type.value, **fields}
+    data: bytes = msgpack.packb(message, use_bin_type=True)
+    return data
+
+
+def open_message(
+    data: object, message_type: MessageType, keys: frozenset[str], limits: DecodeLimits
+) -> Fields:
+    """Parse one msgpack map and check its envelope: version, type tag, exact field set."""
+    obj = unpack_map(data, limits)
+    if "v" not in obj:
+        raise CodecError("missing wire version field 'v'")
+    version = obj["v"]
+    if type(version) is not int:
+        raise CodecError(f"wire version 'v' must be an int, got {type_name(version)}")
+    if version != WIRE_VERSION:
+        raise CodecError(f"unsupported wire version {version} (this codec speaks {WIRE_VERSION})")
+    tag = obj.get("t")
+    if type(tag) is not str:
+        raise CodecError(f"message type 't' must be a str, got {type_name(tag)}")
+    if tag != message_type.value:
+        raise CodecError(f"expected message type {message_type.value!r}, got {tag!r}")
+    return Fields(obj, message_type.value, keys | {"v", "t"})

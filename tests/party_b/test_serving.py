@@ -1,0 +1,70 @@
+"""Evaluate and predict at party B: extreme input is a clear 4xx, never a 5xx."""
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from party_b.api import create_app
+from party_b.settings import Settings
+from shared import codec
+from shared.schedule import batch_digest
+from tests.utils.live import live_server
+from tests.utils.small_runs import MSGPACK, TOKEN, aligned_run, labels_csv, problem
+
+# Codebooks at the edge of float32 (its largest value is 3.4e38): the top model's outputs
+# stay finite for some (then they are computed) and overflow for others (then refused).
+EXTREMES = {
+    "positive": np.full((1, 2, 2), 3e38),
+    "negative": np.full((1, 2, 2), -3e38),
+    "mixed": np.array([[[3e38, -3e38], [-3e38, 3e38]]]),
+}
+
+
+def _chunk(codebook: np.ndarray, rows: int) -> codec.PQActivations:
+    return codec.PQActivations(
+        codebook=codebook.astype(np.float32),
+        codewords=np.random.default_rng(0).integers(0, 2, (rows, 4)),
+    )
+
+
+def test_extreme_but_finite_activations_are_computed_or_get_a_clear_4xx(tmp_path: Path) -> None:
+    settings = Settings(
+        data_dir=tmp_path / "b", labels=labels_csv(tmp_path / "labels.csv"), tokens=f"t:{TOKEN}"
+    )
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with (
+        live_server(create_app(settings)) as url,
+        httpx.Client(base_url=url, headers=headers, timeout=60) as client,
+    ):
+        run = aligned_run(client)
+        client.post(f"/v1/runs/{run.id}/steps", content=run.step_body(1), headers=MSGPACK)
+        _, eval_pos = run.split
+        digest = batch_digest([run.aligned[p] for p in eval_pos])
+        ids = [k.hex() for k in run.aligned[:4]]
+        refused, logged = 0, 0
+        for codebook in EXTREMES.values():
+            evaluate = codec.EvaluateRequest(digest, (_chunk(codebook, len(eval_pos)),))
+            predict = codec.PredictRequest(ids, (_chunk(codebook, 4),))
+            for route, body in [
+                ("evaluate", codec.encode_evaluate_request(evaluate)),
+                ("predict", codec.encode_predict_request(predict)),
+            ]:
+                answer = client.post(f"/v1/runs/{run.id}/{route}", content=body, headers=MSGPACK)
+                if answer.status_code == 200:  # computed: a valid message
+                    if route == "evaluate":
+                        codec.decode_evaluate_response(answer.content)
+                        logged += 1
+                    else:
+                        codec.decode_predict_response(answer.content)
+                    continue
+                problem(answer, 422, "activations-out-of-range")
+                assert "not finite" in answer.json()["detail"]
+                refused += 1
+        assert refused >= 2  # the negative codebook overflows both routes
+
+        # only computed evaluations are logged, and sane input is served as before
+        assert len(client.get(f"/v1/runs/{run.id}/evaluations").json()) == logged
+        sane_body = run.evaluate_body()
+        sane = client.post(f"/v1/runs/{run.id}/evaluate", content=sane_body, headers=MSGPACK)
+        assert sane.status_code == 200, sane.text

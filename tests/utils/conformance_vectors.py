@@ -1,0 +1,387 @@
+"""The conformance vectors of docs/conformance/, computed by the reference code in shared/.
+
+    python -m tests.utils.conformance_vectors          # rewrite the files of TOPICS
+    python -m tests.utils.conformance_vectors --check  # exit 1 if a file differs
+
+Every file has the same top-level structure (docs/conformance/README.md): ``kit``, ``format``,
+``topic``, ``spec`` (where the text defines it), ``about`` and ``cases``, each case a ``name``,
+an ``input`` and an ``output``. Bytes are lowercase hex strings. tests/test_conformance.py
+checks that the files equal what this module computes now (so code and vectors cannot drift)
+and that an implementation written from the text alone reproduces them.
+
+A topic is a function returning (about, cases); add one to ``TOPICS`` to add a file.
+"""
+
+import argparse
+import hashlib
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shared.alignment import hmac_ids, order_by_raw_id
+from shared.schedule import (
+    ClientBatches,
+    ShuffledBatches,
+    batch_digest,
+    make_schedule,
+    split_train_eval,
+    step_seed,
+)
+from shared.schedule_v2 import sha_order
+
+KIT_DIR = Path(__file__).resolve().parents[2] / "docs" / "conformance"
+KIT = "fedlite-vfl conformance vectors"
+FORMAT = 1
+MAX_SEED = 2**63 - 1
+
+Case = dict[str, Any]
+Topic = Callable[[], tuple[str, str, list[Case]]]  # () -> (section title, about, cases)
+
+# The key every worked example and most vectors use: bytes 0x00, 0x01, ..., 0x1f.
+EXAMPLE_KEY = bytes(range(32)).hex()
+EXAMPLE_IDS = ["u10", "u2", "u9", "u1", "x", "u3", "u30", "u4", "é", "u5", "u6", "u7"]
+EXAMPLE_CLIENTS = ["b", "a", "c", "a", "b", "c", "c", "a", "d", "c", "c", "b"]
+
+
+def _case(name: str, given: dict[str, Any], output: dict[str, Any]) -> Case:
+    return {"name": name, "input": given, "output": output}
+
+
+def sha_order_cases() -> tuple[str, str, list[Case]]:
+    about = (
+        "The one drawing primitive: 0..n-1 sorted by the first 8 bytes of "
+        "SHA-256(ASCII(prefix + decimal(i))) as an unsigned big-endian integer, ties by i. "
+        "keys[i] is those 8 bytes for i, in hex."
+    )
+    cases = []
+    for prefix, n in [("split:7:", 10), ("shuffle:7:0:", 5), ("shuffle:7:1:", 5), ("x:", 1)]:
+        keys = [hashlib.sha256(f"{prefix}{i}".encode()).digest()[:8].hex() for i in range(n)]
+        order = sha_order(prefix, n).tolist()
+        cases.append(
+            _case(f"{prefix} n={n}", {"prefix": prefix, "n": n}, {"keys": keys, "order": order})
+        )
+    return "Drawing by SHA-256", about, cases
+
+
+def split_cases() -> tuple[str, str, list[Case]]:
+    about = (
+        "Train/eval split of n aligned positions (schedule version 2): n_eval, then both "
+        "position lists in ascending order. Includes the rounding traps: halves round up, "
+        "eval_fraction is applied as whole parts per million, at least one position stays train."
+    )
+    given = [
+        ("worked example", 10, 7, 0.25),
+        ("half rounds up", 3, 7, 0.5),
+        ("0.15 of 10 is 1.5, rounds to 2", 10, 7, 0.15),
+        ("a tie in parts per million (1/128 = 7812.5 ppm rounds to 7813)", 128, 1, 0.0078125),
+        ("no eval", 6, 7, 0.0),
+        ("one position stays train", 2, 7, 0.9),
+        ("a single position", 1, 7, 0.5),
+        ("the largest seed", 12, MAX_SEED, 0.3),
+        ("breast cancer, 569 rows", 569, 0, 0.2),
+    ]
+    cases = []
+    for name, n, seed, fraction in given:
+        train, held_out = split_train_eval(n, seed=seed, eval_fraction=fraction, version=2)
+        output = {"n_eval": len(held_out), "train": train.tolist(), "eval": held_out.tolist()}
+        cases.append(_case(name, {"n": n, "seed": seed, "eval_fraction": fraction}, output))
+    return "Train/eval split", about, cases
+
+
+def shuffle_cases() -> tuple[str, str, list[Case]]:
+    about = (
+        "The 'shuffle' batch schedule (version 2): positions into the train list of length n "
+        "of the batches of the given steps, in row order; one chunk of batch_size rows."
+    )
+    given = [
+        ("worked example: step 3 straddles epochs 0 and 1", 5, 2, 7, list(range(1, 7))),
+        ("a batch larger than the train list spans three epochs", 3, 7, 1, [1, 2]),
+        (
+            "n = 1000, batch 32: step 32 straddles epochs 0 and 1",
+            1000,
+            32,
+            MAX_SEED,
+            [1, 31, 32, 33, 1000],
+        ),
+    ]
+    cases = []
+    for name, n, batch_size, seed, steps in given:
+        schedule = ShuffledBatches(n=n, batch_size=batch_size, seed=seed, version=2)
+        batches = [{"step": t, "positions": schedule.batch(t).positions.tolist()} for t in steps]
+        given_ = {"n": n, "batch_size": batch_size, "seed": seed, "steps": steps}
+        cases.append(_case(name, given_, {"batches": batches}))
+    return "The `shuffle` schedule", about, cases
+
+
+def clients_cases() -> tuple[str, str, list[Case]]:
+    about = (
+        "The 'clients' batch schedule (version 2): clients[i] names the client of train "
+        "position i. Per step: the chosen clients (ascending by UTF-8 bytes), the train "
+        "positions in row order and the rows of each chunk (one chunk per chosen client)."
+    )
+    given: list[tuple[str, list[str], int, int, int, list[int]]] = [
+        ("worked example: uneven clients", EXAMPLE_CLIENTS, 2, 4, 2, [1, 2, 3]),
+        ("more clients per step than clients", ["p", "q", "p", "q", "q"], 5, 2, 0, [1, 2]),
+        (
+            "names sort by UTF-8 bytes, not UTF-16",
+            ["\U0001f600", "\uff21", "Z", "a", "é"] * 2,
+            3,
+            1,
+            9,
+            [1, 2, 3],
+        ),
+        (
+            "40 rows of 7 clients",
+            [f"w{(i * i) % 7}" for i in range(40)],
+            3,
+            4,
+            MAX_SEED,
+            [1, 2, 50],
+        ),
+    ]
+    cases = []
+    for name, clients, per_step, batch_size, seed, steps in given:
+        schedule = ClientBatches(
+            clients, clients_per_step=per_step, batch_size=batch_size, seed=seed, version=2
+        )
+        batches = []
+        for t in steps:
+            batch = schedule.batch(t)
+            positions = batch.positions.tolist()
+            starts = [sum(batch.chunk_sizes[:k]) for k in range(len(batch.chunk_sizes))]
+            chosen = [clients[positions[s]] for s in starts]
+            batches.append(
+                {
+                    "step": t,
+                    "clients": chosen,
+                    "positions": positions,
+                    "chunk_sizes": list(batch.chunk_sizes),
+                }
+            )
+        given_ = {
+            "clients": clients,
+            "clients_per_step": per_step,
+            "batch_size": batch_size,
+            "seed": seed,
+            "steps": steps,
+        }
+        cases.append(_case(name, given_, {"batches": batches}))
+    return "The `clients` schedule", about, cases
+
+
+def step_seed_cases() -> tuple[str, str, list[Case]]:
+    about = (
+        "Per-step seeds: the first 8 bytes of SHA-256(ASCII(text)), text = "
+        "'{run_seed}:{step}:{purpose}', as a big-endian integer shifted right by one bit."
+    )
+    given = [
+        (7, 3, "dropout-top"),
+        (7, 3, "dropout-bottom"),
+        (0, 1, "kmeans-0"),
+        (0, 1, "kmeans-9"),
+        (MAX_SEED, 2**63 - 1, "kmeans-0"),
+        (42, 0, "evaluate-eval-3"),
+    ]
+    cases = []
+    for seed, step, purpose in given:
+        text = f"{seed}:{step}:{purpose}"
+        output = {"text": text, "seed": step_seed(seed, step, purpose)}
+        cases.append(_case(text, {"run_seed": seed, "step": step, "purpose": purpose}, output))
+    return "Step seeds", about, cases
+
+
+def batch_digest_cases() -> tuple[str, str, list[Case]]:
+    about = (
+        "The 8-byte digest of an ordered list of ids: the first 8 bytes of SHA-256 over, for "
+        "every id in order, its length as 2 bytes big-endian then its bytes."
+    )
+    a, b, c = bytes(32), bytes([1]) * 32, bytes(range(32))
+    given = [
+        ("one key", [c]),
+        ("two keys", [a, b]),
+        ("the same keys in the other order", [b, a]),
+        ("three keys", [a, b, c]),
+        ("no id (never sent, but defined)", []),
+    ]
+    cases = [
+        _case(name, {"ids": [k.hex() for k in ids]}, {"digest": batch_digest(ids).hex()})
+        for name, ids in given
+    ]
+    return "Digests", about, cases
+
+
+def hmac_cases() -> tuple[str, str, list[Case]]:
+    about = (
+        "Aligned keys: HMAC-SHA256(hex-decoded alignment_key, UTF-8 id), 32 bytes, in hex; "
+        "keys in input order, then the aligned list: keys ordered by raw id as UTF-8 bytes."
+    )
+    given = [
+        ("worked example", EXAMPLE_KEY, ["u10", "u9", "u2"]),
+        ("twelve ids, one non-ASCII", EXAMPLE_KEY, EXAMPLE_IDS),
+        ("another key, an empty id", "ff" * 32, ["", "a", "A", "0"]),
+    ]
+    cases = []
+    for name, key_hex, ids in given:
+        keys = hmac_ids(bytes.fromhex(key_hex), ids)
+        aligned = order_by_raw_id(ids, keys, set(keys))
+        output = {
+            "keys": [k.hex() for k in keys],
+            "aligned": [k.hex() for k in aligned],
+            "aligned_ids": sorted(ids, key=lambda i: i.encode()),
+        }
+        cases.append(_case(name, {"alignment_key": key_hex, "ids": ids}, output))
+    return "Aligned keys and the aligned list", about, cases
+
+
+def _aligned_example() -> tuple[list[str], list[bytes]]:
+    """The twelve example ids, their aligned list (hmac.json's second case)."""
+    keys = hmac_ids(bytes.fromhex(EXAMPLE_KEY), EXAMPLE_IDS)
+    aligned = order_by_raw_id(EXAMPLE_IDS, keys, set(keys))
+    return sorted(EXAMPLE_IDS, key=lambda i: i.encode()), aligned
+
+
+def steps_cases() -> tuple[str, str, list[Case]]:
+    about = (
+        "Everything together, as party B checks a step: the aligned list (hex keys, by "
+        "position), the split, and per step the batch as aligned positions in row order, its "
+        "chunk sizes and the digest h of the StepRequest. clients[p] (clients schedule) names "
+        "the client of aligned position p."
+    )
+    ids, aligned = _aligned_example()
+    groups = [EXAMPLE_CLIENTS[EXAMPLE_IDS.index(i)] for i in ids]  # client of each aligned id
+    given: list[tuple[str, dict[str, Any]]] = [
+        ("shuffle", {"kind": "shuffle"}),
+        ("clients", {"kind": "clients", "clients_per_step": 2, "clients": groups}),
+    ]
+    cases = []
+    for kind, schedule_spec in given:
+        seed, fraction, batch_size, steps = 11, 0.25, 3, [1, 2, 3, 4]
+        train, held_out = split_train_eval(
+            len(aligned), seed=seed, eval_fraction=fraction, version=2
+        )
+        clients = schedule_spec.get("clients")
+        schedule = make_schedule(
+            n=len(train),
+            batch_size=batch_size,
+            seed=seed,
+            clients=None if clients is None else [clients[p] for p in train.tolist()],
+            clients_per_step=schedule_spec.get("clients_per_step", 1),
+            version=2,
+        )
+        batches = []
+        for t in steps:
+            batch = schedule.batch(t)
+            positions = train[batch.positions].tolist()
+            digest = batch_digest([aligned[p] for p in positions]).hex()
+            batches.append(
+                {
+                    "step": t,
+                    "positions": positions,
+                    "chunk_sizes": list(batch.chunk_sizes),
+                    "digest": digest,
+                }
+            )
+        given_ = {
+            "aligned": [k.hex() for k in aligned],
+            "seed": seed,
+            "eval_fraction": fraction,
+            "batch_size": batch_size,
+            "schedule": schedule_spec,
+            "steps": steps,
+        }
+        output = {"train": train.tolist(), "eval": held_out.tolist(), "batches": batches}
+        cases.append(_case(f"{kind} schedule of the twelve example ids", given_, output))
+    return "Digests", about, cases
+
+
+def eval_digest_cases() -> tuple[str, str, list[Case]]:
+    about = (
+        "The ids digest h of an EvaluateRequest: the batch digest of the aligned keys of the "
+        "split's positions ('eval' or 'train'), in ascending position order."
+    )
+    _, aligned = _aligned_example()
+    cases = []
+    for split in ("eval", "train"):
+        seed, fraction = 11, 0.25
+        train, held_out = split_train_eval(
+            len(aligned), seed=seed, eval_fraction=fraction, version=2
+        )
+        positions = (held_out if split == "eval" else train).tolist()
+        output = {
+            "positions": positions,
+            "digest": batch_digest([aligned[p] for p in positions]).hex(),
+        }
+        given_ = {
+            "aligned": [k.hex() for k in aligned],
+            "seed": seed,
+            "eval_fraction": fraction,
+            "split": split,
+        }
+        cases.append(_case(f"split={split} of the twelve example ids", given_, output))
+    return "Digests", about, cases
+
+
+TOPICS: dict[str, Topic] = {
+    "hmac": hmac_cases,
+    "sha_order": sha_order_cases,
+    "split": split_cases,
+    "shuffle": shuffle_cases,
+    "clients": clients_cases,
+    "step_seed": step_seed_cases,
+    "batch_digest": batch_digest_cases,
+    "steps": steps_cases,
+    "eval_digest": eval_digest_cases,
+}
+
+
+def document(topic: str) -> dict[str, Any]:
+    section, about, cases = TOPICS[topic]()
+    return {
+        "kit": KIT,
+        "format": FORMAT,
+        "topic": topic,
+        "spec": f"docs/PROTOCOL.md, Derived values: {section}",
+        "schedule_version": 2,
+        "about": about,
+        "cases": cases,
+    }
+
+
+def render(value: Any, indent: int = 0) -> str:
+    """JSON with lists of plain values on one line (readable, diff-friendly), UTF-8."""
+    pad = "  " * (indent + 1)
+    if isinstance(value, dict) and value:
+        items = [f"{pad}{json.dumps(k)}: {render(v, indent + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + "  " * indent + "}"
+    if isinstance(value, list) and any(isinstance(v, dict | list) for v in value):
+        items = [pad + render(v, indent + 1) for v in value]
+        return "[\n" + ",\n".join(items) + "\n" + "  " * indent + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def text(topic: str) -> str:
+    return render(document(topic)) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    args = parser.parse_args(argv)
+    stale = []
+    for topic in TOPICS:
+        path = KIT_DIR / f"{topic}.json"
+        wanted = text(topic)
+        if args.check:
+            if not path.exists() or path.read_text(encoding="utf-8") != wanted:
+                stale.append(path.name)
+        else:
+            path.write_text(wanted, encoding="utf-8")
+    if stale:
+        print("stale:", ", ".join(stale), file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
