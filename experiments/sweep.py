@@ -117,12 +117,16 @@ def run_sweep(
     smoke: bool = False,
     http: bool = False,
     shard: tuple[int, int] = (0, 1),
+    match: str | None = None,
 ) -> list[str]:
     """Run every missing record of sweep ``name`` (of shard i of n: the runs whose index is
-    i mod n, so that separate commands can share a sweep); returns the keys that failed."""
+    i mod n, so that separate commands can share a sweep; only keys containing ``match`` when
+    given); returns the keys that failed."""
     sweep = SWEEPS[name]
     todo = sweep.http_check(smoke=smoke) if http else sweep.jobs(smoke=smoke)
     todo = todo[shard[0] :: shard[1]]
+    if match is not None:
+        todo = [job for job in todo if match in job.key]
     directory = out / (f"{name}-http" if http else name)
     directory.mkdir(parents=True, exist_ok=True)
     missing = [job for job in todo if not (directory / f"{job.key}.json").exists()]
@@ -225,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--list", action="store_true", help="list sweeps and their runs")
     parser.add_argument("--shard", default="0/1", help="i/n: only runs i, i+n, i+2n, ...")
+    parser.add_argument("--match", help="only the runs whose key contains this text")
     args = parser.parse_args(argv)
     if args.list or args.sweep is None:
         for name, sweep in SWEEPS.items():
@@ -232,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     i, n = (int(v) for v in args.shard.split("/"))
     failed = run_sweep(
-        args.sweep, out=args.out, jobs=args.jobs, smoke=args.smoke, http=args.http, shard=(i, n)
-    )
+        args.sweep, out=args.out, jobs=args.jobs, smoke=args.smoke, http=args.http, shard=(i, n),
+        match=args.match,
+    )  # fmt: skip
     return 1 if failed else 0
 
 

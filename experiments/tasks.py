@@ -7,7 +7,7 @@ synthetic Stack Overflow client), which the 'clients' batch schedule needs.
 
 | task          | party A (features)                 | party B (labels)                          |
 |---------------|------------------------------------|-------------------------------------------|
-| femnist       | 28x28 images, pixels in [0, 1]     | 62 classes                                |
+| femnist       | 28x28 images, ink 1 on background 0| 62 classes                                |
 | so_tag        | binary bag of words of the title   | 100 tags, multi-hot (Recall@5)            |
 | shakespeare   | 30 word ids per sequence           | the next word of each position (-100 pad) |
 | breast        | FATE breast_hetero host columns    | FATE guest: label + its own 10 columns    |
@@ -222,7 +222,10 @@ def femnist(*, max_clients: int | None = None) -> TaskData:
     x, y, writers = x[keep], y[keep], writers[keep]
     ids = [f"femnist-{i:05d}" for i in range(len(y))]
     groups = writers.tolist()
-    pixels = (x.reshape(len(x), 784).astype(np.float32) / 255.0).astype(np.float32)
+    # LEAF stores ink dark on a white background (1.0); FedJAX's EMNIST preprocessing feeds
+    # 1 - pixels, background 0, and so do we: with zero-bias convolutions a white background
+    # lights up every activation and hides the strokes.
+    pixels = 1.0 - x.reshape(len(x), 784).astype(np.float32) / np.float32(255.0)
     return TaskData(
         name="femnist",
         model="femnist_cnn",

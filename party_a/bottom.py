@@ -2,10 +2,10 @@
 
     z = bottom(x)                      -> quantize z per chunk -> encode the step request
     ... party B answers ...
-    decode the response -> g = dh/dz~ + lambda/n (z - z~) -> z.backward(g) -> optimizer step
+    decode the response -> g = dh/dz~ + lambda * n_c/n * (z - z~) -> z.backward(g) -> step
 
-``n`` is the number of samples party B's mean loss averages over (it reports it), so that the
-correction is the gradient of the mean of the paper's per-sample surrogate losses.
+lambda is in the paper's units, per client batch-mean: a chunk of n_c of the step's n rows is
+one client's batch (see shared.correction); a vertical run sends one chunk, weight 1.
 """
 
 from collections.abc import Sequence
@@ -109,9 +109,8 @@ class BottomTrainer:
                 f"{answer.grad.shape}, expected {tuple(pending.z.shape)}"
             )
         grad = torch.from_numpy(answer.grad)
-        n = answer.metrics.get("n", float(pending.z.shape[0]))
         corrected = correct_gradient(
-            grad, pending.z, pending.z_tilde, self.lam, sample_weight=1.0 / max(n, 1.0)
+            grad, pending.z, pending.z_tilde, self.lam, chunk_rows=pending.chunk_sizes
         )
         self.optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(pending.z, corrected)

@@ -5,8 +5,8 @@ service) feeds it dequantized activations z~ and gets back the loss, batch metri
 d loss / d z~ for party A.
 
 Losses are means over samples, so the gradient party A receives already carries 1/n per
-sample; ``metrics["n"]`` reports that n so party A can scale its gradient correction the same
-way (see shared.correction.correct_gradient's ``sample_weight``).
+sample (``metrics["n"]`` reports n); party A weights its gradient correction by the same
+share (see shared.correction).
 
 A training step is two calls: ``compute_step`` (forward, backward, checks: changes no state)
 and ``apply_step`` (the optimizer step: the only change). The service encodes the answer in

@@ -9,12 +9,30 @@ Hessian replaced by lambda*I gives the corrected gradient
 which party A back-propagates through its bottom model. It is exactly the gradient of the
 surrogate loss ||z - z_hat||^2 + lambda/2 ||z - z~||^2 with z_hat = z - dh/dz~ / 2 and z~
 held fixed (paper, Appendix A). lambda = 0 is the plain straight-through gradient.
+
+The lambda convention (the paper's units): h is one client's *batch-mean* loss, and a client
+is one quantized chunk of the step (one codebook). Party B's loss is the mean over all n rows
+of the step, so the gradient it returns for a row of chunk c (n_c rows) is n_c / n times that
+client's dh/dz~; the correction is scaled by the same n_c / n. A vertical run has one chunk,
+so there g = dL/dz~ + lambda * (z - z~) exactly as the paper writes it, with L the step's mean
+loss; a FEMNIST step of 10 clients x 20 rows weights each client's correction by 1/10.
 """
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["correct_gradient"]
+__all__ = ["chunk_weights", "correct_gradient"]
+
+
+def chunk_weights(chunk_rows: Sequence[int]) -> Tensor:
+    """(n, 1) float32: n_c / n for every row of chunk c, chunks in order (n = sum of rows)."""
+    if not chunk_rows or any(int(r) < 1 for r in chunk_rows):
+        raise ValueError(f"chunk rows must be positive, got {list(chunk_rows)}")
+    n = sum(int(r) for r in chunk_rows)
+    weights = torch.tensor([int(r) / n for r in chunk_rows], dtype=torch.float32)
+    return weights.repeat_interleave(torch.tensor([int(r) for r in chunk_rows]))[:, None]
 
 
 def correct_gradient(
@@ -23,22 +41,19 @@ def correct_gradient(
     z_tilde: Tensor,
     lam: float,
     *,
-    sample_weight: float = 1.0,
+    chunk_rows: Sequence[int] | None = None,
 ) -> Tensor:
     """The corrected gradient with respect to the bottom model's output z.
 
     Args:
-        grad_z_tilde: (B, d) gradient of party B's loss with respect to z~.
-        z: (B, d) the activations the bottom model produced (only its values are used).
-        z_tilde: (B, d) the dequantized activations party B saw.
-        lam: lambda >= 0, the correction strength (paper: 1e-5 ... 5e-4 on FEMNIST).
-        sample_weight: the weight party B's loss gives each sample. The paper's formula is per
-            sample; when the loss is a mean over N samples, dh/dz~ already carries 1/N, so the
-            correction must be scaled by the same 1/N to stay the gradient of the mean of the
-            per-sample surrogate losses. Pass 1.0 for a per-sample or summed loss.
+        grad_z_tilde: (n, d) gradient of party B's step loss (a mean over n rows) w.r.t. z~.
+        z: (n, d) the activations the bottom model produced (only its values are used).
+        z_tilde: (n, d) the dequantized activations party B saw.
+        lam: lambda >= 0 in the paper's units (per client batch-mean; FEMNIST: 1e-5 to 5e-4).
+        chunk_rows: rows of each chunk (client batch) of the step, in order; None = one chunk.
 
     Returns:
-        (B, d) tensor g = grad_z_tilde + lam * sample_weight * (z - z_tilde), no autograd history.
+        (n, d) tensor g = grad_z_tilde + lam * (n_c / n) * (z - z_tilde), no autograd history.
     """
     if lam < 0:
         raise ValueError(f"lambda must be >= 0, got {lam}")
@@ -50,4 +65,10 @@ def correct_gradient(
     with torch.no_grad():
         if lam == 0:
             return grad_z_tilde.detach().clone()
-        return torch.add(grad_z_tilde, z.detach() - z_tilde.detach(), alpha=lam * sample_weight)
+        gap = z.detach() - z_tilde.detach()  # (n, d)
+        if chunk_rows is None or len(chunk_rows) == 1:
+            return torch.add(grad_z_tilde, gap, alpha=lam)
+        weights = chunk_weights(chunk_rows)  # (n, 1)
+        if weights.shape[0] != gap.shape[0]:
+            raise ValueError(f"chunk rows {list(chunk_rows)} do not add up to {gap.shape[0]} rows")
+        return grad_z_tilde + lam * weights.to(gap.dtype) * gap

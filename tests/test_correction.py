@@ -39,24 +39,42 @@ def test_matches_autograd_of_the_surrogate_loss(lam: float) -> None:
         torch.testing.assert_close(o, e)
 
 
-def test_sample_weight_matches_the_mean_of_per_sample_surrogates() -> None:
+def test_chunks_weight_each_clients_surrogate_by_its_share_of_the_step() -> None:
+    """A step of two clients (3 rows and 1 row): party B's loss is the mean over all 4 rows,
+    the paper's correction is per client on its batch mean, so the step's bottom gradient is
+    the n_c/n-weighted sum of the clients' surrogate gradients."""
     bottom, x = _bottom_and_batch()
-    n, lam = x.shape[0], 0.7
-    g_per_sample = torch.randn(4, 6)
+    lam, rows = 0.7, (3, 1)
+    g_client = torch.randn(4, 6)  # d(client's batch-mean loss)/dz~, per row
     z_tilde = bottom(x).detach() + 0.1 * torch.randn(4, 6)
+    share = torch.tensor([[0.75]] * 3 + [[0.25]])
 
     z = bottom(x)
-    z_hat = z.detach() - g_per_sample / 2
-    per_sample = ((z - z_hat) ** 2).sum(1) + lam / 2 * ((z - z_tilde) ** 2).sum(1)
-    per_sample.mean().backward()
+    z_hat = z.detach() - g_client / 2
+    per_row = ((z - z_hat) ** 2).sum(1) + lam / 2 * ((z - z_tilde) ** 2).sum(1)
+    (per_row[:3].sum() * 0.75 + per_row[3:].sum() * 0.25).backward()
     expected = _param_grads(bottom)
 
-    z = bottom(x)  # party B's loss is a mean, so its gradient arrives already divided by n
-    z.backward(correct_gradient(g_per_sample / n, z, z_tilde, lam, sample_weight=1 / n))
+    z = bottom(x)  # what party B sends: the client's gradient times its share of the step
+    z.backward(correct_gradient(g_client * share, z, z_tilde, lam, chunk_rows=rows))
     got = _param_grads(bottom)
 
     for e, o in zip(expected, got, strict=True):
         torch.testing.assert_close(o, e)
+
+
+def test_one_chunk_is_the_papers_formula_unscaled() -> None:
+    g, z, z_tilde = torch.randn(5, 3), torch.randn(5, 3), torch.randn(5, 3)
+
+    for rows in (None, (5,)):
+        got = correct_gradient(g, z, z_tilde, 0.01, chunk_rows=rows)
+        torch.testing.assert_close(got, g + 0.01 * (z - z_tilde))
+
+
+def test_chunk_rows_that_do_not_cover_the_step_are_refused() -> None:
+    g = torch.zeros(4, 2)
+    with pytest.raises(ValueError, match="do not add up"):
+        correct_gradient(g, g, g + 1, 0.1, chunk_rows=(2, 1))
 
 
 def test_lambda_zero_is_the_straight_through_gradient() -> None:

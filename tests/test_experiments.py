@@ -17,7 +17,7 @@ def _data_present() -> None:
     shared_data()  # skip (or fail under CI) without ../shared/data
 
 
-# one smoke run per distinct smoke sweep (femnist_long shares femnist's)
+# one smoke run per distinct smoke sweep (femnist_headline shares femnist's)
 SMOKES = [
     n
     for i, n in enumerate(SWEEPS)
