@@ -171,7 +171,7 @@ class _SequentialTop(TopModel):
 FEMNIST_CUT_DIM = 12 * 12 * 64  # 9216: 28 → 26 → 24 (two 3x3 convs) → 12 (2x2 pool), 64 channels
 
 
-def haiku_init_(module: nn.Module) -> nn.Module:
+def haiku_init_(module: M) -> M:
     """Initialise every Conv2d / Linear inside ``module`` as Haiku does by default, in place.
 
     Haiku's ``Conv2D`` and ``Linear`` draw weights from a normal with stddev 1/sqrt(fan_in)
