@@ -6,8 +6,8 @@
   tests or tests.
 - No module of party_a/, party_b/, shared/ or api_schemas/ over 400 lines, no function over
   60 (OVER_TARGET lists the known exceptions, which may shrink but not grow).
-- Models are named in one place: outside ``shared/models.py`` no code compares against a
-  model's name or keys a table by it.
+- Models are named in one place: outside ``shared/models/__init__.py`` (the registry) no code
+  compares against a model's name or keys a table by it.
 """
 
 import ast
@@ -39,7 +39,6 @@ OVER_TARGET = {
     "party_a/trainer.py": 470,
     "shared/kmeans.py": 444,
     "shared/kmeans.py::_kmeanspp_init": 63,
-    "shared/models.py": 481,
 }
 
 
@@ -123,7 +122,7 @@ def test_models_are_looked_up_in_the_registry_only() -> None:
         str(path.relative_to(ROOT)): lines
         for package in ("party_a", "party_b", "shared")
         for path in _modules(package)
-        if path != ROOT / "shared" / "models.py"
+        if path != ROOT / "shared" / "models" / "__init__.py"
         if (lines := _model_name_uses(path.read_text()))
     }
     assert tables == {}, "add what a model needs to its entry in shared.models._SPECS"
