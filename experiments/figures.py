@@ -48,7 +48,24 @@ def _records(sweep: str) -> list[dict[str, Any]]:
     directory = RESULTS / sweep
     if not directory.exists():
         raise SystemExit(f"no results in {directory}: run `python -m experiments.sweep {sweep}`")
-    return load_records(directory)
+    return [in_paper_units(r) for r in load_records(directory)]
+
+
+def in_paper_units(record: dict[str, Any]) -> dict[str, Any]:
+    """The record with its lambda in the paper's units (shared.correction).
+
+    Runs recorded before the convention changed (no ``lambda_units`` field) scaled the
+    correction by 1/n, n the step's rows; the paper's units weight it by n_c/n, n_c the rows of
+    one chunk (a client's batch, or the whole batch of a vertical run), so their lambda is
+    ``lambda_old / n_c``. For the sequence task n was the step's counted tokens, a little
+    below its rows: the conversion there is approximate (within the share of padding).
+    """
+    if record.get("lambda_units") == "paper" or not record["config"].get("lam"):
+        return record
+    config = dict(record["config"])
+    rows_per_chunk = record["rows_per_step"] / (config.get("clients_per_step") or 1)
+    config["lam"] = float(f"{config['lam'] / rows_per_chunk:.3g}")
+    return {**record, "config": config, "lambda_units": "paper (converted)"}
 
 
 def _metric(record: dict[str, Any], task: str) -> float:

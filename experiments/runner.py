@@ -313,6 +313,7 @@ def run_split(
     record: dict[str, Any] = {
         "key": config.key,
         "config": asdict(config),
+        "lambda_units": "paper",  # shared.correction: per client batch-mean
         "task_notes": task.notes,
         "cut_dim": d,
         "client_model_params": w_c,
