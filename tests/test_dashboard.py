@@ -23,9 +23,10 @@ from tests.utils.data import breast_pair
 from tests.utils.live import live_server
 from tests.utils.party_a import breast_config, make_trainer
 from tests.utils.servers import ALICE, breast_party_b
-from tests.utils.small_runs import TOKEN, labels_csv
+from tests.utils.small_runs import labels_csv
 
 OPERATOR = "operator-credential-0123456789abcdef"
+PARTY_A = "alice-token-0123456789abcdef"  # long enough for the sign-in form to send it
 SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "figures" / "dashboard.png"
 STEPS = 240
 
@@ -119,18 +120,18 @@ def test_the_dashboard_refuses_a_party_a_token_and_a_wrong_credential(tmp_path: 
     settings = Settings(
         data_dir=tmp_path / "b",
         labels=labels_csv(tmp_path / "labels.csv"),
-        tokens=f"alice:{TOKEN}",
+        tokens=f"alice:{PARTY_A}",
         dashboard_token=OPERATOR,
     )
     with live_server(create_app(settings)) as url, browser_page() as page:
         httpx.post(
             f"{url}/v1/runs",
             json={"name": "visible-after-sign-in", **_small_run()},
-            headers={"Authorization": f"Bearer {TOKEN}"},
+            headers={"Authorization": f"Bearer {PARTY_A}"},
         ).raise_for_status()
         watch = PageWatch(origin=url).attach(page)
         refused = []
-        for wrong in (TOKEN, OPERATOR[:-1] + "X"):
+        for wrong in (PARTY_A, OPERATOR[:-1] + "X"):
             _sign_in(page, url, wrong)
             page.wait_for_selector("#login-error:has-text('Refused')")
             refused.append(page.is_visible("#board"))

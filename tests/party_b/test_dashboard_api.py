@@ -208,3 +208,16 @@ def test_latency_quantiles_are_read_from_the_histogram_as_promql_does() -> None:
     assert quantile(0.95, buckets) == pytest.approx(0.1 + 0.4 * 4.5 / 5)
     assert quantile(0.95, [(0.1, 1.0), (float("inf"), 10.0)]) == pytest.approx(0.1)
     assert quantile(0.5, [(0.1, 0.0), (float("inf"), 0.0)]) is None
+
+
+def test_an_install_carries_every_file_the_page_serves() -> None:
+    import tomllib
+
+    from party_b.dashboard.routes import STATIC_FILES
+
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]
+    static = ROOT / "party_b" / "dashboard" / "static"
+    assert package_data["party_b.dashboard"] == ["static/*"]
+    assert sorted(p.name for p in static.iterdir()) == sorted(STATIC_FILES)
