@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from party_b.store.tables import ApiToken, Checkpoint, EvalResult, Run, StepLog
@@ -19,6 +19,7 @@ __all__ = [
     "Bucket",
     "StepTotals",
     "as_utc",
+    "last_logged",
     "last_steps",
     "latest_evaluations",
     "newest_checkpoints",
@@ -97,19 +98,40 @@ def step_totals(session: Session, run_ids: Sequence[str]) -> dict[str, StepTotal
 
 
 def last_steps(session: Session, run_ids: Sequence[str]) -> dict[str, StepLog]:
-    """Per run with at least one logged step: the row of its last step."""
+    """Per run with at least one logged step: the row of its last step (by primary key)."""
+    keys = [(run_id, step) for run_id, (step, _at) in last_logged(session, run_ids).items()]
+    if not keys:
+        return {}
+    # one primary-key match per run (SQLite plans a row-value IN as a scan)
+    query = select(StepLog).where(
+        or_(*(and_(StepLog.run_id == run_id, StepLog.step == step) for run_id, step in keys))
+    )
+    return {row.run_id: row for row in session.scalars(query).all()}
+
+
+def last_logged(session: Session, run_ids: Sequence[str]) -> dict[str, tuple[int, datetime]]:
+    """Per run with at least one logged step: (its last step, when it was logged, UTC).
+
+    One index lookup per run (correlated subqueries on the step log's primary key), so it
+    costs the same however long the runs are; ``step_totals`` reads every row."""
     if not run_ids:
         return {}
     newest = (
-        select(StepLog.run_id, func.max(StepLog.step).label("step"))
-        .where(StepLog.run_id.in_(run_ids))
-        .group_by(StepLog.run_id)
-        .subquery()
+        select(StepLog.step, StepLog.created_at)
+        .where(StepLog.run_id == Run.id)
+        .order_by(StepLog.step.desc())
+        .limit(1)
     )
-    query = select(StepLog).join(
-        newest, (StepLog.run_id == newest.c.run_id) & (StepLog.step == newest.c.step)
-    )
-    return {row.run_id: row for row in session.scalars(query).all()}
+    query = select(
+        Run.id,
+        newest.with_only_columns(StepLog.step).scalar_subquery(),
+        newest.with_only_columns(StepLog.created_at).scalar_subquery(),
+    ).where(Run.id.in_(run_ids))
+    return {
+        run_id: (int(step), as_utc(at))
+        for run_id, step, at in session.execute(query).all()
+        if step is not None
+    }
 
 
 def newest_checkpoints(session: Session, run_ids: Sequence[str]) -> dict[str, int]:
