@@ -18,7 +18,7 @@ import pytest
 from party_a.trainer import PartyATrainer
 from party_b.api import create_app
 from party_b.settings import Settings
-from tests.utils.browser import PageWatch, browser_page
+from tests.utils.browser import PageWatch, browser_page, require_browser
 from tests.utils.data import breast_pair
 from tests.utils.live import live_server
 from tests.utils.party_a import breast_config, make_trainer
@@ -29,6 +29,12 @@ OPERATOR = "operator-credential-0123456789abcdef"
 PARTY_A = "alice-token-0123456789abcdef"  # long enough for the sign-in form to send it
 SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "figures" / "dashboard.png"
 STEPS = 240
+
+
+@pytest.fixture(autouse=True)
+def _browser() -> None:
+    """Skip (or fail, in CI) before starting any server when there is no browser."""
+    require_browser()
 
 
 def _sign_in(page: Any, url: str, credential: str) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from prometheus_client import Gauge
 from sqlalchemy.orm import Session, sessionmaker
 
 from api_schemas import RunCreate, RunStatus
@@ -139,7 +140,7 @@ class Reports:
             uptime_seconds=uptime,
             open_runs=sum(n for s, n in by_status.items() if s != RunStatus.FINISHED.value),
             runs_by_status=by_status,
-            runs_in_memory=sum(self._service.cache.peek(r.id) is not None for r, _ in pairs),
+            runs_in_memory=_gauge_value(self._service.metrics.live_runs),
             memory_bytes=memory,
             memory_kind=kind,
             # over the last minute, or since start-up if that is shorter
@@ -179,6 +180,11 @@ class Reports:
 
     def _rows(self, session: Session, pairs: list[tuple[store.Run, str]]) -> list[RunRow]:
         return run_rows(session, pairs, self._service)
+
+
+def _gauge_value(gauge: Gauge) -> int:
+    """The value of a gauge without labels (read the public way: through collect)."""
+    return int(next(iter(gauge.collect())).samples[0].value)
 
 
 def run_rows(

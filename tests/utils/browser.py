@@ -24,6 +24,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
     "--no-first-run",
+    "--disable-dev-shm-usage",  # containers often give /dev/shm 64 MB: chromium would crash
 ]
 
 
@@ -45,14 +46,22 @@ def chromium_path() -> Path:
     return path
 
 
+def require_browser() -> Path:
+    """Chromium's path, once playwright is known to be there (skip or, in CI, fail)."""
+    path = chromium_path()
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        _unavailable("the playwright package is missing: pip install -e '.[test]'")
+    return path
+
+
 @contextmanager
 def browser_page(*, width: int = 1280, height: int = 900) -> Iterator[Any]:
     """A fresh page of a headless chromium, closed at the end of the block."""
-    path = chromium_path()
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _unavailable("the playwright package is missing: pip install -e '.[test]'")
+    path = require_browser()
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(path), args=CHROMIUM_ARGS)
         try:
