@@ -1,6 +1,14 @@
 """Prometheus metrics of one party B app (its own registry, so tests can build many apps)."""
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 __all__ = ["Metrics"]
 
@@ -49,3 +57,8 @@ class Metrics:
         self.live_runs = Gauge(
             "fedlite_b_live_runs", "runs with models in memory", registry=self.registry
         )
+        # process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds, ...
+        # (Linux; elsewhere it reports nothing) and python_info, python_gc_*
+        self.process = ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        self.registry.register(GC_COLLECTOR)

@@ -12,16 +12,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
+    "MIN_DASHBOARD_TOKEN",
     "Limits",
     "Settings",
     "check_environment",
     "known_environment",
     "settings_from_flags",
 ]
+
+
+MIN_DASHBOARD_TOKEN = 24  # characters of the operator's dashboard credential
 
 
 class Limits(BaseSettings):
@@ -94,6 +98,27 @@ class Settings(BaseSettings):
         "checks and metrics scrapes; all; off",
     )
     limits: Limits = Field(default_factory=Limits)
+    dashboard_token: SecretStr | None = Field(
+        default=None,
+        description="the operator's credential for the dashboard at /dashboard/ (party_b."
+        "dashboard); unset: no dashboard. Never a party A token. Environment only, not a flag, "
+        "to keep it out of the process list",
+    )
+
+    @field_validator("dashboard_token")
+    @classmethod
+    def _dashboard_token_is_long(cls, value: SecretStr | None) -> SecretStr | None:
+        secret = value.get_secret_value() if value is not None else None
+        # it travels in an Authorization header: visible ASCII only, no spaces
+        if secret is not None and (
+            len(secret) < MIN_DASHBOARD_TOKEN or not all(33 <= ord(c) <= 126 for c in secret)
+        ):
+            raise ValueError(
+                f"the dashboard token must be at least {MIN_DASHBOARD_TOKEN} visible ASCII "
+                "characters without spaces, e.g. the output of "
+                "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return value
 
     @field_validator("log_level", "log_format", "access_log", mode="before")
     @classmethod

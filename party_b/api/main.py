@@ -19,6 +19,7 @@ from party_b import auth
 from party_b.api.middleware import BodyLimitMiddleware, MetricsMiddleware
 from party_b.api.problems import install_problem_handlers
 from party_b.api.routes import ROUTERS
+from party_b.dashboard import RunCollector, install_dashboard
 from party_b.labels import LabelSource, load_label_table
 from party_b.maintenance import checkpoint_wal
 from party_b.metrics import Metrics
@@ -63,6 +64,8 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     app.state.limiter = anyio.CapacityLimiter(settings.worker_threads)
     for router in ROUTERS:
         app.include_router(router)
+    metrics.registry.register(RunCollector(service))  # per-run progress on /metrics
+    install_dashboard(app, settings, service)  # only with FEDLITE_B_DASHBOARD_TOKEN set
     install_problem_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.limits.max_body_bytes)
     # Outermost, so that it also counts what BodyLimitMiddleware refuses (route "unmatched").

@@ -1,5 +1,6 @@
 """Operations: liveness and Prometheus metrics (no token needed)."""
 
+import anyio
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -16,4 +17,6 @@ async def healthz() -> dict[str, str]:
 @router.get("/metrics", response_class=Response)
 async def prometheus(request: Request) -> Response:
     registry = request.app.state.metrics.registry
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    # in a thread: the per-run metrics query the store (party_b.dashboard.prometheus)
+    body = await anyio.to_thread.run_sync(generate_latest, registry)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
