@@ -12,12 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
-from party_b import auth
+from party_b import auth, store
 from party_b.maintenance import MaintenanceError, create_private_database, sqlite_path
 from party_b.settings import Settings, settings_from_flags
-from party_b.store import ApiToken, make_engine, make_session_factory
+from party_b.store import make_engine, make_session_factory
 
 __all__ = [
     "cmd_db_backup",
@@ -98,7 +96,7 @@ def cmd_token_issue(args: argparse.Namespace) -> int:
     if out is not None and out.exists():
         raise MaintenanceError(f"{out} exists; not overwriting it (choose a new --out)")
     with _token_sessions(args, create=True)() as session:
-        row = session.scalar(select(ApiToken).where(ApiToken.name == args.name))
+        row = store.token_named(session, args.name)
         if row is not None and not args.rotate:
             state = "revoked" if row.revoked_at else "active"
             raise MaintenanceError(
@@ -129,7 +127,7 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
 
 def cmd_token_list(args: argparse.Namespace) -> int:
     with _token_sessions(args, create=False)() as session:
-        for row in session.scalars(select(ApiToken).order_by(ApiToken.name)):
+        for row in store.all_tokens(session):
             state = f"revoked {row.revoked_at:%Y-%m-%d %H:%M}" if row.revoked_at else "active"
             print(f"{row.name}\t{state}")
     return 0

@@ -10,10 +10,10 @@ import hmac
 import secrets
 from datetime import UTC, datetime
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from party_b.store.tables import ApiToken, RevokedToken
+from party_b.store.tokens import revoked_hash, token_by_hash, token_named
 
 __all__ = ["authenticate", "hash_token", "issue_token", "register_token", "revoke_token"]
 
@@ -41,12 +41,12 @@ def register_token(session: Session, name: str, token: str) -> bool:
     if len(token) < MIN_TOKEN_LENGTH:
         raise ValueError(f"token for {name!r} is shorter than {MIN_TOKEN_LENGTH} characters")
     digest = hash_token(token)
-    if session.get(RevokedToken, digest) is not None:
+    if revoked_hash(session, digest) is not None:
         return False
-    clash = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == digest))
+    clash = token_by_hash(session, digest)
     if clash is not None and clash.name != name:
         raise ValueError(f"that token is already registered under another name ({clash.name!r})")
-    row = session.scalar(select(ApiToken).where(ApiToken.name == name))
+    row = token_named(session, name)
     if row is None:
         session.add(ApiToken(name=name, token_sha256=digest))
     elif row.token_sha256 == digest and row.revoked_at is not None:
@@ -63,7 +63,7 @@ def register_token(session: Session, name: str, token: str) -> bool:
 
 
 def revoke_token(session: Session, name: str) -> bool:
-    row = session.scalar(select(ApiToken).where(ApiToken.name == name))
+    row = token_named(session, name)
     if row is None or row.revoked_at is not None:
         return False
     row.revoked_at = datetime.now(UTC)
@@ -73,14 +73,14 @@ def revoke_token(session: Session, name: str) -> bool:
 
 
 def _remember_revoked(session: Session, row: ApiToken) -> None:
-    if session.get(RevokedToken, row.token_sha256) is None:
+    if revoked_hash(session, row.token_sha256) is None:
         session.add(RevokedToken(token_sha256=row.token_sha256, name=row.name))
 
 
 def authenticate(session: Session, token: str) -> ApiToken | None:
     """The active token row for ``token``, or None."""
     digest = hash_token(token)
-    row = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == digest))
+    row = token_by_hash(session, digest)
     # The lookup is by hash of a high-entropy secret; compare_digest keeps the final check
     # constant-time anyway.
     if row is None or not hmac.compare_digest(row.token_sha256, digest):

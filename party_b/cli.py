@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
 
-from party_b import admin
+from party_b import admin, store
 from party_b.maintenance import MaintenanceError, create_private_database
 from party_b.preflight import StartupError
 from party_b.settings import settings_from_flags
-from party_b.store import ApiToken, make_engine, make_session_factory
+from party_b.store import make_engine, make_session_factory
 
 __all__ = ["build_parser", "main"]
 
@@ -59,7 +58,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     engine = make_engine(settings.resolved_database_url())
     try:
         with make_session_factory(engine)() as session:
-            active = session.scalars(select(ApiToken).where(ApiToken.revoked_at.is_(None))).all()
+            active = store.active_tokens(session)
     finally:
         engine.dispose()  # an idle connection left open would keep the WAL from folding in
     if not active:

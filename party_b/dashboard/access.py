@@ -11,14 +11,13 @@ import hashlib
 import hmac
 
 from fastapi import Request
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api_schemas import ProblemType
+from party_b import store
 from party_b.auth import hash_token
 from party_b.errors import ProblemError
 from party_b.preflight import StartupError
-from party_b.store import ApiToken, RevokedToken
 
 __all__ = ["OperatorCredential"]
 
@@ -51,11 +50,10 @@ class OperatorCredential:
     def refuse_if_a_token(self, session: Session) -> None:
         """StartupError if the credential is also an API token party B holds (active, revoked
         or replaced): each secret must open one door only."""
-        token = session.scalar(
-            select(ApiToken.name).where(ApiToken.token_sha256 == self._token_hash)
-        )
-        revoked = session.get(RevokedToken, self._token_hash)
-        name = token if token is not None else (revoked.name if revoked is not None else None)
+        token = store.token_by_hash(session, self._token_hash)
+        revoked = store.revoked_hash(session, self._token_hash)
+        holder = token if token is not None else revoked
+        name = holder.name if holder is not None else None
         if name is not None:
             raise StartupError(
                 f"FEDLITE_B_DASHBOARD_TOKEN is the API token of {name!r}: the operator's "

@@ -4,9 +4,9 @@
     engine.py       make_engine (SQLite made safe for threads and crashes), copy_database
     checkpoints.py  save / load / list / roll back checkpoints (one transaction each)
     queries.py      every other query the service makes
+    tokens.py       API tokens by name or hash, active or all; revoked hashes
 
 Everything is re-exported here: ``from party_b import store`` then ``store.owned_run(...)``.
-(``party_b.auth`` keeps the token queries beside the token logic.)
 """
 
 from party_b.store.checkpoints import (
@@ -40,6 +40,13 @@ from party_b.store.tables import (
     Run,
     StepLog,
 )
+from party_b.store.tokens import (
+    active_tokens,
+    all_tokens,
+    revoked_hash,
+    token_by_hash,
+    token_named,
+)
 
 __all__ = [
     "ApiToken",
@@ -51,7 +58,9 @@ __all__ = [
     "RevokedToken",
     "Run",
     "StepLog",
+    "active_tokens",
     "add_run",
+    "all_tokens",
     "checkpoint_steps",
     "copy_database",
     "count_open_runs",
@@ -64,9 +73,12 @@ __all__ = [
     "make_session_factory",
     "owned_run",
     "psi_key",
+    "revoked_hash",
     "run_created_with_key",
     "runs_in_status",
     "runs_of",
     "save_checkpoint",
     "step_log",
+    "token_by_hash",
+    "token_named",
 ]
