@@ -91,7 +91,7 @@ def femnist_full() -> list[Job]:
     runs: list[Job] = _grid(plain, [1152], [2], FEMNIST_LAMBDAS)
     runs.append(FEMNIST)
     runs += [
-        job for job in _grid(plain, [4608, 1152, 288], [2, 16], FEMNIST_LAMBDAS) if job not in runs
+        job for job in _grid(plain, [4608, 1152, 288], [2, 16], GRID_LAMBDAS) if job not in runs
     ]
     runs += _grid(plain, [288], [2], [HEADLINE_LAMBDA], R=288)
     runs.append(
