@@ -112,6 +112,7 @@ def test_the_dashboard_draws_a_training_run_as_it_trains(
         )
         title, cards = page.inner_text("#run-title"), page.inner_text("#run-cards")
         page.screenshot(path=str(SCREENSHOT), full_page=True)
+        watch.stop()
 
     # the curve grew while the run was in training, before its last step
     assert first < later < STEPS and state == later_state == "training"
@@ -149,6 +150,7 @@ def test_the_dashboard_refuses_a_party_a_token_and_a_wrong_credential(tmp_path: 
         _sign_in(page, url, OPERATOR)
         page.wait_for_selector("#runs tbody tr")
         shown = page.inner_text("#runs")
+        watch.stop()
 
     assert refused == [False, False]
     assert "visible-after-sign-in" in shown and "alice" in shown

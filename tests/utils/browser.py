@@ -83,14 +83,24 @@ class PageWatch:
     error_responses: list[str] = field(default_factory=list)
     foreign: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
+    stopped: bool = False  # the test has seen what it needs: the page is about to close
 
     def attach(self, page: Any) -> "PageWatch":
         page.on("console", self._console)
         page.on("pageerror", lambda error: self.page_errors.append(str(error)))
-        page.on("requestfailed", lambda r: self.failed.append(f"{r.url}: {r.failure}"))
+        page.on("requestfailed", self._failed)
         page.on("request", self._request)
         page.on("response", self._response)
         return self
+
+    def stop(self) -> None:
+        """Stop watching: closing the browser aborts the refresh the page has in flight, which
+        is the test's doing, not the page's."""
+        self.stopped = True
+
+    def _failed(self, request: Any) -> None:
+        if not self.stopped:
+            self.failed.append(f"{request.url}: {request.failure}")
 
     def _console(self, message: Any) -> None:
         if message.type == "error":
