@@ -60,4 +60,3 @@ def test_docs_assets_are_party_bs_own(tmp_path: Path) -> None:
         assert missing.status_code == 404
         assert missing.headers["content-type"] == "application/problem+json"
         assert c.get("/redoc").status_code == 404
-

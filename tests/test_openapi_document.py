@@ -60,7 +60,7 @@ def test_every_route_but_health_and_metrics_needs_the_bearer_token(
 def test_every_error_is_a_documented_problem(document: dict[str, Any]) -> None:
     assert "HTTPValidationError" not in str(document)
     assert "Problem" in document["components"]["schemas"]
-    titles = {kind.status: set() for kind in PROBLEMS.values()}
+    titles: dict[int, set[str]] = {kind.status: set() for kind in PROBLEMS.values()}
     for type_, kind in PROBLEMS.items():
         titles[kind.status].add(type_.value)
     for method, path, operation in _operations(document):
