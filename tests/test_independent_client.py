@@ -8,6 +8,13 @@ byte for byte), evaluates, predicts and finishes. Then the same loop runs a seco
 our reference code (``shared``) in place of its protocol layer: the same bottom model and
 quantizer get the same gradients back only if both derive the same batches, digests and
 bytes, so the two top models must end bit-identical (``model_sha256``).
+
+Last, against ``fedlite-a`` itself: its bottom model and k-means are party A's own business
+(torch, not in the documents), so the independent client takes fedlite-a's activations
+(decoded from fedlite-a's requests with its own decoder) and does everything else itself in a
+run of the same config: derives every batch and digest, encodes the requests (byte for byte
+fedlite-a's, apart from the digest under its own run key), decodes the gradients (equal to
+fedlite-a's), and ends with fedlite-a's top-model checksum.
 """
 
 import ast
@@ -15,6 +22,7 @@ import csv
 import gzip
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -25,9 +33,11 @@ from party_b.settings import Settings as PartyBSettings
 from shared import codec
 from shared.alignment import hmac_ids
 from shared.schedule import batch_digest, batch_positions, split_train_eval
+from tests.independent_client import messages
 from tests.independent_client.client import Chunk, IndependentPartyA, Settings
 from tests.utils.data import breast_pair
 from tests.utils.live import live_server
+from tests.utils.party_a import breast_config, make_trainer
 from tests.utils.small_runs import TOKEN
 
 pytestmark = pytest.mark.slow
@@ -151,3 +161,61 @@ def test_the_independent_client_trains_like_our_reference(party_b: str, mode: st
     assert ours["eval"] == reference["eval"]
     sha = ours["run"]["model_sha256"]  # type: ignore[index]
     assert sha and sha == reference["run"]["model_sha256"]  # type: ignore[index]
+
+
+class _Recording:
+    """fedlite-a's transport, keeping every step request it sent and the answer it got."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self.steps: list[tuple[bytes, bytes]] = []
+
+    def step(self, run_id: str, body: bytes) -> bytes:
+        answer: bytes = self._transport.step(run_id, body)
+        self.steps.append((body, answer))
+        return answer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def test_the_independent_client_ends_with_fedlite_as_top_model(
+    party_b: str, tmp_path: Path
+) -> None:
+    """fedlite-a trains a run; the independent client sends the same activations (decoded from
+    fedlite-a's requests with its own decoder, re-encoded with its own encoder) in a run of
+    the same config, with batches and digests of its own: same gradients, same top model."""
+    _guest, host = breast_pair()
+    config = breast_config("fedlite-a-reference", **{"run.steps": 30})
+    trainer = make_trainer(tmp_path / "a", party_b, TOKEN, host, config)
+    recording = _Recording(trainer.transport)
+    trainer.transport = recording
+    try:
+        trainer.prepare(create=True)
+        trainer.train()
+        spec = trainer.transport.get_run(trainer.run_id).config.model_dump(mode="json")
+    finally:
+        trainer.close()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=party_b, headers=auth, timeout=60) as http:
+        expected = http.get(f"/v1/runs/{trainer.run_id}").json()["model_sha256"]
+        ids, features = _host_table()
+        settings = Settings(
+            steps=spec["steps"],
+            batch_size=spec["batch_size"],
+            seed=spec["seed"],
+            eval_fraction=spec["eval_fraction"],
+            spec=spec,
+        )
+        party_a = IndependentPartyA(http, ids, features, settings)
+        party_a.create_and_align("independent-replay")
+        for t, (body, answer) in enumerate(recording.steps, start=1):
+            step, theirs, chunks = messages.read_step_request(body)
+            assert step == t
+            sent, _loss, g = party_a.send_step(t, [("pq", cb, cw) for cb, cw in chunks])
+            ours = messages.read_step_request(sent)[1]  # the digest under this run's own key
+            assert sent.replace(ours, theirs, 1) == body  # otherwise byte for byte the same
+            assert np.array_equal(g, codec.decode_step_response(answer).grad)
+        run = party_a.finish()
+    assert len(recording.steps) == 30
+    assert run["model_sha256"] == expected

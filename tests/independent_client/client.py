@@ -101,8 +101,11 @@ class Settings:
     lam: float = 0.001  # section 10.5, the paper's units
     kmeans_iterations: int = 5
     top_hidden: list[int] = field(default_factory=lambda: [16])
+    spec: dict[str, Any] | None = None  # a whole RunCreate to send instead (its name replaced)
 
     def run_create(self, name: str) -> dict[str, Any]:
+        if self.spec is not None:
+            return {**self.spec, "name": name}
         quantizer: dict[str, Any] = {"mode": "raw"}
         if self.mode == "pq":
             quantizer = {"mode": "pq", "q": self.q, "L": self.L, "R": 1}
@@ -194,6 +197,20 @@ class IndependentPartyA:
         self.b -= np.float32(s.bottom_lr) * grad_z.sum(axis=0)
         self.losses.append(loss)
         return body
+
+    def send_step(self, t: int, chunks: list[Chunk]) -> tuple[bytes, float, np.ndarray]:
+        """10.5 with activations computed elsewhere (e.g. another party A's, for the same
+        rows): this client derives the batch and digest and encodes the chunks itself.
+        Returns (request body, loss, gradient)."""
+        s = self.settings
+        batch = self.protocol.batch(t, len(self.train), s.batch_size, s.seed)
+        h = self.protocol.digest([self.aligned[self.train[i]] for i in batch])
+        body = self.protocol.step_request(t, h, chunks)
+        answer = self.http.post(f"/v1/runs/{self.run_id}/steps", content=body, headers=_MSGPACK)
+        step, loss, g = self.protocol.step_response(self._ok_bytes(answer))
+        if step != t:
+            raise AssertionError(f"step {t}: answered step {step}")
+        return body, loss, g
 
     def resend(self, body: bytes) -> bytes:
         answer = self.http.post(f"/v1/runs/{self.run_id}/steps", content=body, headers=_MSGPACK)

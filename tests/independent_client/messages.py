@@ -7,6 +7,8 @@ import numpy as np
 
 __all__ = [
     "decode",
+    "read_step_request",
+    "unpack_codewords",
     "evaluate_request",
     "pack_codewords",
     "pq_chunk",
@@ -86,3 +88,37 @@ def decode(body: bytes, expected_type: str) -> dict[str, Any]:
 
 def _floats(data: bytes, tag: str, shape: tuple[int, int]) -> np.ndarray:
     return np.frombuffer(data, dtype=_DTYPES[tag]).astype(np.float32).reshape(shape)
+
+
+def unpack_codewords(data: bytes, B: int, q: int, L: int) -> np.ndarray:
+    """Section 3 backwards: (B, q) int64 codewords; padding bits must be zero, each < L."""
+    bits = (L - 1).bit_length()
+    if bits == 0:
+        return np.zeros((B, q), dtype=np.int64)
+    count = B * q
+    if len(data) != (count * bits + 7) // 8:
+        raise ValueError(f"{len(data)} codeword bytes for {count} codewords of {bits} bits")
+    stream = np.unpackbits(np.frombuffer(data, dtype=np.uint8))
+    if stream[count * bits :].any():
+        raise ValueError("non-zero padding bits")
+    weights = 1 << np.arange(bits - 1, -1, -1, dtype=np.int64)
+    codewords: np.ndarray = (stream[: count * bits].reshape(count, bits) * weights).sum(axis=1)
+    if (codewords >= L).any():
+        raise ValueError(f"a codeword >= L={L}")
+    return codewords.reshape(B, q)
+
+
+def read_step_request(body: bytes) -> tuple[int, bytes, list[tuple[np.ndarray, np.ndarray]]]:
+    """A ``pq`` StepRequest: (s, h, [(codebook (R, L, d/q) float32, codewords (B, q))])."""
+    m: dict[str, Any] = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    if m.get("v") != VERSION or m.get("t") != "step_req" or set(m) != {"v", "t", "s", "h", "a"}:
+        raise ValueError("not a version-1 step_req")
+    chunks = []
+    for c in m["a"]:
+        if c["k"] != "pq" or c["b"] != (c["L"] - 1).bit_length():
+            raise ValueError(f"expected a pq chunk, got {c['k']!r}")
+        width = c["d"] // c["q"]
+        codebook = _floats(c["cb"], c["dt"], (c["R"] * c["L"], width))
+        codebook = codebook.reshape(c["R"], c["L"], width)
+        chunks.append((codebook, unpack_codewords(c["cw"], c["B"], c["q"], c["L"])))
+    return int(m["s"]), bytes(m["h"]), chunks
