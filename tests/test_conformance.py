@@ -15,6 +15,7 @@ import pytest
 
 from tests.utils import conformance_vectors as vectors
 from tests.utils import from_the_doc as doc
+from tests.utils import gradient_from_the_doc
 
 PROTOCOL = Path(__file__).resolve().parents[1] / "docs" / "PROTOCOL.md"
 KIT_FILES = sorted(vectors.KIT_DIR.glob("*.json"))
@@ -53,11 +54,18 @@ def test_every_derived_values_spec_names_a_section_of_the_text() -> None:
     headings = [line for line in PROTOCOL.read_text().splitlines() if line.startswith("#")]
     for topic in vectors.TOPICS:
         spec = json.loads((vectors.KIT_DIR / f"{topic}.json").read_text())["spec"]
-        title = spec.split("Derived values: ", 1)[1]
+        title = spec.split(": ", 1)[1]
         assert any(title in h for h in headings), f"{topic}: no heading {title!r}"
 
 
 # ------------------------------------------------------------------ written from the text
+
+
+def test_the_text_alone_decodes_every_downlink_representation() -> None:
+    for case in _cases("downlink"):
+        message = bytes.fromhex(case["output"]["message"])
+        assert len(message) == case["output"]["bytes"], case["name"]
+        assert gradient_from_the_doc.gradient(message) == case["output"]["decoded"], case["name"]
 
 
 def test_the_text_alone_gives_the_aligned_keys() -> None:

@@ -323,6 +323,39 @@ def eval_digest_cases() -> tuple[str, str, list[Case]]:
     return "Digests", about, cases
 
 
+DOWNLINK_GRAD = [
+    [0.5, -0.25, 0.125, 0.0, -1.0, 2.0, -0.0625, 0.75],
+    [-3.0, 1.5, 0.0, 0.0, 0.25, -0.5, 6.0, -0.125],
+]
+DOWNLINK_SPECS = ["float32", "float16", "bfloat16", "int8", "int4", "int2", "int1", "topk:k=3"]
+DOWNLINK_SPECS += ["pq:q=4,L=2", "pq:q=2,L=3,R=2,cb=f2"]
+
+
+def downlink_cases() -> tuple[str, str, list[Case]]:
+    import numpy as np
+
+    from shared import codec
+    from shared.downlink import DownlinkSpec
+
+    about = (
+        "One StepResponse (step 5, loss 0.5, metrics {'accuracy': 0.25}) carrying the same "
+        "(2, 8) gradient in every downlink representation, at the step seed 'seed'. A decoder "
+        "must turn 'message' into 'decoded' (row-major float32 values) exactly. The "
+        "stochastic kinds (int4, int2) and pq draw from numpy's generators: another encoder "
+        "need not reproduce their bytes, only decode them."
+    )
+    grad = np.array(DOWNLINK_GRAD, dtype=np.float32)
+    cases = []
+    for text in DOWNLINK_SPECS:
+        message = codec.StepResponse(step=5, loss=0.5, metrics={"accuracy": 0.25}, grad=grad)
+        data = codec.encode_step_response(message, downlink=DownlinkSpec.from_string(text), seed=7)
+        decoded = codec.decode_step_response(data).grad
+        given = {"downlink": text, "seed": 7, "grad": DOWNLINK_GRAD}
+        output = {"bytes": len(data), "message": data.hex(), "decoded": decoded.tolist()}
+        cases.append(_case(text, given, output))
+    return "Compressed gradients", about, cases
+
+
 TOPICS: dict[str, Topic] = {
     "hmac": hmac_cases,
     "sha_order": sha_order_cases,
@@ -333,7 +366,10 @@ TOPICS: dict[str, Topic] = {
     "batch_digest": batch_digest_cases,
     "steps": steps_cases,
     "eval_digest": eval_digest_cases,
+    "downlink": downlink_cases,
 }
+# Topics specified outside section 9 (Derived values): the part of PROTOCOL.md that holds them.
+PARTS = {"downlink": "Messages"}
 
 
 def document(topic: str) -> dict[str, Any]:
@@ -342,7 +378,7 @@ def document(topic: str) -> dict[str, Any]:
         "kit": KIT,
         "format": FORMAT,
         "topic": topic,
-        "spec": f"docs/PROTOCOL.md, Derived values: {section}",
+        "spec": f"docs/PROTOCOL.md, {PARTS.get(topic, 'Derived values')}: {section}",
         "schedule_version": 2,
         "about": about,
         "cases": cases,

@@ -1,0 +1,236 @@
+"""Bytes both ways per training step, and what they cost in accuracy, for every representation.
+
+    python -m benchmarks.traffic                     # every task (long: run it under nice)
+    python -m benchmarks.traffic --tasks default_credit --steps 100
+    python -m benchmarks.traffic --smoke             # 3 steps of tiny runs (tests)
+
+Each method is one real run of ``experiments.runner.run_split`` through party B's service in
+process (``party_b.inprocess``): the bytes are ``len()`` of the encoded step requests party A
+sent and of the step responses it got back, counted by party A's trainer, divided by the
+steps. Every method of a task trains for the same steps as the task's SplitFed run (raw
+float32 activations up, float32 gradients down), which gives ``splitfed_*``. Writes
+``benchmarks/results/traffic.json`` with one record per run; each finished run is also kept
+under ``benchmarks/results/traffic-runs/`` so an interrupted benchmark resumes where it was.
+"""
+
+import argparse
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import RESULTS, write_result
+from experiments.runner import RunConfig, run_split
+
+__all__ = ["TASKS", "Method", "main", "records"]
+
+
+@dataclass(frozen=True)
+class Method:
+    """One uplink + downlink pair; ``uplink`` "raw" is SplitFed's float32 activations."""
+
+    uplink: str  # "raw", "pq:q=..,L=.." (float32 codebook) or "pq:..,cb=f2" (float16)
+    downlink: str  # a shared.downlink spec string
+
+    @property
+    def name(self) -> str:
+        return f"up {self.uplink} / down {self.downlink}"
+
+
+@dataclass(frozen=True)
+class Task:
+    base: RunConfig  # the SplitFed run of the task; methods replace what they change
+    metric: str  # the eval_* metric compared
+    q: int  # uplink PQ of the FedLite methods
+    L: int
+    lam: float
+    methods: tuple[str, ...]  # downlinks tried with the FedLite uplink
+
+
+FEMNIST = Task(
+    # the paper's point: 10 writers x 20 images per step, SGD 0.1, q = 1152, L = 2, R = 1,
+    # lambda = 2e-4 (docs/RESULTS.md); the steps are set by --steps (CPU-bound here)
+    base=RunConfig(
+        task="femnist",
+        method="splitfed",
+        steps=300,
+        batch_size=20,
+        clients_per_step=10,
+        lr_bottom=0.1,
+        lr_top=0.1,
+        optimizer="sgd",
+        eval_every=10**9,
+    ),
+    metric="accuracy",
+    q=1152,
+    L=2,
+    lam=2e-4,
+    methods=("float32", "int2", "int1", "topk:k=256", "pq:q=1152,L=2"),
+)
+DEFAULT_CREDIT = Task(
+    base=RunConfig(
+        task="default_credit",
+        method="splitfed",
+        steps=300,
+        batch_size=256,
+        lr_bottom=0.003,
+        lr_top=0.003,
+        optimizer="adam",
+        eval_fraction=0.2,
+        eval_every=10**9,
+    ),
+    metric="auc",
+    q=8,
+    L=16,
+    lam=0.0,
+    methods=("float32", "int8", "int2", "int1", "topk:k=4", "pq:q=8,L=16"),
+)
+SHAKESPEARE = Task(
+    base=RunConfig(
+        task="shakespeare",
+        method="splitfed",
+        steps=150,
+        batch_size=16,
+        clients_per_step=8,
+        lr_bottom=0.01,
+        lr_top=0.01,
+        optimizer="adam",
+        eval_fraction=0.05,
+        eval_every=10**9,
+    ),
+    metric="accuracy",
+    q=12,
+    L=30,
+    lam=1e-3,
+    methods=("float32", "int8", "int2", "int1", "topk:k=12", "pq:q=12,L=30"),
+)
+TASKS = {"femnist": FEMNIST, "default_credit": DEFAULT_CREDIT, "shakespeare": SHAKESPEARE}
+SMOKE_OPTIONS = {
+    "femnist": {"max_clients": 6},
+    "shakespeare": {"max_clients": 6, "vocab_words": 200, "hidden": 32},
+}
+
+
+def methods_of(
+    task: Task, downlinks: list[str] | None = None, *, f16_codebook: bool = False
+) -> list[Method]:
+    """SplitFed, then FedLite with each downlink (default: the task's list, in order), and
+    with ``f16_codebook`` float16 uplink codebooks with the last downlink."""
+    pq = f"pq:q={task.q},L={task.L}"
+    chosen = list(task.methods) if downlinks is None else downlinks
+    out = [Method("raw", "float32")]
+    out += [Method(pq, downlink) for downlink in chosen]
+    if f16_codebook:
+        out.append(Method(pq + ",cb=f2", chosen[-1]))
+    return out
+
+
+def run_config(task: Task, method: Method, steps: int, smoke: bool) -> RunConfig:
+    base = replace(task.base, steps=steps, eval_every=steps)
+    if smoke:
+        clients = 2 if base.clients_per_step else None
+        base = replace(
+            base, clients_per_step=clients, task_options=SMOKE_OPTIONS.get(base.task, {})
+        )
+    downlink = None if method.downlink == "float32" and method.uplink == "raw" else method.downlink
+    if method.uplink == "raw":
+        return replace(base, downlink=downlink)
+    return replace(
+        base,
+        method="fedlite",
+        q=task.q,
+        L=task.L,
+        lam=task.lam,
+        downlink=downlink,
+        codebook_dtype="float16" if method.uplink.endswith("cb=f2") else "float32",
+    )
+
+
+def _run(config: RunConfig, cache: Path) -> dict[str, Any]:
+    path = cache / f"{config.key}.json"
+    if path.exists():
+        cached: dict[str, Any] = json.loads(path.read_text())
+        return cached
+    record = run_split(config)
+    cache.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def records(
+    tasks: list[str],
+    steps: dict[str, int],
+    *,
+    smoke: bool,
+    cache: Path,
+    downlinks: list[str] | None = None,
+    f16_codebook: bool = False,
+) -> list[dict[str, Any]]:
+    """One record per (task, method): measured bytes per step both ways and the metric."""
+    out = []
+    for name in tasks:
+        task = TASKS[name]
+        runs = {
+            method: _run(run_config(task, method, steps[name], smoke), cache)
+            for method in methods_of(task, downlinks, f16_codebook=f16_codebook)
+        }
+        splitfed = runs[Method("raw", "float32")]
+        sf_up, sf_down = _per_step(splitfed)
+        for method, record in runs.items():
+            up, down = _per_step(record)
+            out.append(
+                {
+                    "task": name,
+                    "method": method.name,
+                    "steps": record["steps"],
+                    "uplink_bytes_per_step": up,
+                    "downlink_bytes_per_step": down,
+                    "splitfed_bytes_per_step": sf_up + sf_down,
+                    "total_ratio": (sf_up + sf_down) / (up + down),
+                    "metric": task.metric,
+                    "value": record["final"][f"eval_{task.metric}"],
+                    "splitfed_value": splitfed["final"][f"eval_{task.metric}"],
+                }
+            )
+    return out
+
+
+def _per_step(record: dict[str, Any]) -> tuple[float, float]:
+    steps = record["steps"]
+    return record["wire_bytes"] / steps, record["wire_bytes_received"] / steps
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
+    parser.add_argument("--steps", type=int, help="steps of every run (default: per task)")
+    parser.add_argument("--smoke", action="store_true", help="3 steps of tiny runs")
+    parser.add_argument("--downlinks", nargs="+", help="downlinks to try (default: per task)")
+    parser.add_argument(
+        "--f16-codebook", action="store_true", help="also the last downlink, float16 codebooks"
+    )
+    parser.add_argument("--out", type=Path, help="the JSON file (default: results/traffic.json)")
+    args = parser.parse_args(argv)
+    steps = {name: 3 if args.smoke else args.steps or TASKS[name].base.steps for name in args.tasks}
+    out = args.out or RESULTS / "traffic.json"
+    cache = out.parent / f"{out.stem}-runs"
+    rows = records(
+        args.tasks,
+        steps,
+        smoke=args.smoke,
+        cache=cache,
+        downlinks=args.downlinks,
+        f16_codebook=args.f16_codebook,
+    )
+    path = write_result("traffic", {"records": rows}, out)
+    for row in rows:
+        print(
+            f"{row['task']:15} {row['method']:45} up {row['uplink_bytes_per_step']:>11,.0f} B "
+            f"down {row['downlink_bytes_per_step']:>11,.0f} B  x{row['total_ratio']:7.1f}  "
+            f"{row['metric']} {row['value']:.4f} (SplitFed {row['splitfed_value']:.4f})"
+        )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
