@@ -187,3 +187,48 @@ def test_a_message_with_both_gradient_forms_is_refused() -> None:
     message["g"] = b""
     with pytest.raises(CodecError, match="unexpected field"):
         codec.decode_step_response(msgpack.packb(message, use_bin_type=True))
+
+
+def _i(x: int) -> int:
+    return 1 if x < 128 else 2 if x < 256 else 3 if x < 65536 else 5
+
+
+def _hdr(n: int) -> int:
+    return 2 if n <= 255 else 3 if n <= 65535 else 5
+
+
+def _documented_size(text: str, B: int, d: int) -> int:
+    """docs/PROTOCOL.md section 7: a StepResponse with {"accuracy": ...} at step 3."""
+    spec = DownlinkSpec.from_string(text)
+    head = 1 + 10 + len("accuracy") + _i(3) + _i(B) + _i(d)
+    if spec.kind in ("float32", "float16"):
+        P = B * d * (4 if spec.kind == "float32" else 2)
+        return 42 + head + _hdr(P) + P
+    if spec.kind == "bfloat16":
+        G = 10 + _hdr(2 * B * d) + 2 * B * d
+    elif spec.kind == "int":
+        P = -(-B * d * spec.bits // 8)
+        G = 15 + _hdr(4 * B) + 4 * B + _hdr(P) + P
+    elif spec.kind == "topk":
+        P_i, P_v = -(-B * spec.k * (d - 1).bit_length() // 8), 2 * B * spec.k
+        G = 14 + _i(spec.k) + _hdr(P_i) + P_i + _hdr(P_v) + P_v
+    else:
+        P_cb = spec.R * spec.L * (d // spec.q) * (2 if spec.cb == "f2" else 4)
+        P_cw = -(-B * spec.q * (spec.L - 1).bit_length() // 8)
+        G = 27 + _i(spec.q) + _i(spec.R) + _i(spec.L) + _hdr(P_cb) + P_cb + _hdr(P_cw) + P_cw
+    return 37 + head + G
+
+
+@pytest.mark.parametrize("text", [*SPECS, "topk:k=200", "pq:q=64,L=300,R=2"])
+@pytest.mark.parametrize(("B", "d"), [(6, 16), (40, 256), (200, 128)])
+def test_the_documented_sizes_are_the_encoded_lengths(text: str, B: int, d: int) -> None:
+    if d % 64 and "q=64" in text:
+        pytest.skip("q=64 needs d divisible by 64")
+    spec = DownlinkSpec.from_string(text)
+    if spec.kind == "topk" and spec.k > d:
+        pytest.skip("k > d")
+    if spec.kind == "pq" and spec.L > B * spec.q // spec.R:
+        pytest.skip("more codewords than points")
+    grad = _grad(B=B, d=d)
+    data = codec.encode_step_response(_response(grad), downlink=spec, seed=1)
+    assert len(data) == _documented_size(text, B, d)
