@@ -192,6 +192,28 @@ def schedule_table(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def traffic_table(doc: dict[str, Any]) -> list[str]:
+    """One row per record of benchmarks/results/traffic.json, task by task."""
+    lines = [
+        f"*{doc['when']}; `{doc['command']}`; bytes are len() of the real step messages, "
+        "per step, averaged over the run; every method of a task trains for the same steps "
+        "as its SplitFed run*",
+        "",
+        "| task | method (uplink / downlink) | steps | up B/step | down B/step | SplitFed "
+        "B/step (both ways) | total ratio | metric | value | SplitFed | relative change |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["records"]:
+        change = (r["value"] - r["splitfed_value"]) / r["splitfed_value"]
+        lines.append(
+            f"| {r['task']} | {r['method']} | {r['steps']} | {r['uplink_bytes_per_step']:,.0f} "
+            f"| {r['downlink_bytes_per_step']:,.0f} | {r['splitfed_bytes_per_step']:,.0f} "
+            f"| {r['total_ratio']:,.1f}x | {r['metric']} | {r['value']:.4f} "
+            f"| {r['splitfed_value']:.4f} | {100 * change:+.1f} % |"
+        )
+    return lines
+
+
 def render() -> str:
     out: list[str] = []
     sections = [
@@ -207,6 +229,7 @@ def render() -> str:
         ),
         ("Memory", "memory", memory_tables),
         ("Deriving the split and the batches (schedule versions)", "schedule", schedule_table),
+        ("Traffic both ways, and accuracy, per representation", "traffic", traffic_table),
     ]
     for title, name, table in sections:
         doc = _load(name)
