@@ -2,6 +2,7 @@
 
     python -m benchmarks.traffic                     # every task (long: run it under nice)
     python -m benchmarks.traffic --tasks default_credit --steps 100
+    python -m benchmarks.traffic --steps femnist=150 default_credit=200 --cached-only
     python -m benchmarks.traffic --smoke             # 3 steps of tiny runs (tests)
 
 Each method is one real run of ``experiments.runner.run_split`` through party B's service in
@@ -146,11 +147,13 @@ def run_config(task: Task, method: Method, steps: int, smoke: bool) -> RunConfig
     )
 
 
-def _run(config: RunConfig, cache: Path) -> dict[str, Any]:
+def _run(config: RunConfig, cache: Path, cached_only: bool) -> dict[str, Any] | None:
     path = cache / f"{config.key}.json"
     if path.exists():
         cached: dict[str, Any] = json.loads(path.read_text())
         return cached
+    if cached_only:
+        return None
     record = run_split(config)
     cache.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
@@ -165,16 +168,23 @@ def records(
     cache: Path,
     downlinks: list[str] | None = None,
     f16_codebook: bool = False,
+    cached_only: bool = False,
 ) -> list[dict[str, Any]]:
-    """One record per (task, method): measured bytes per step both ways and the metric."""
+    """One record per (task, method): measured bytes per step both ways and the metric.
+
+    ``cached_only``: the runs already kept under ``cache`` only (a task without its SplitFed
+    run is left out)."""
     out = []
     for name in tasks:
         task = TASKS[name]
-        runs = {
-            method: _run(run_config(task, method, steps[name], smoke), cache)
+        found = {
+            method: _run(run_config(task, method, steps[name], smoke), cache, cached_only)
             for method in methods_of(task, downlinks, f16_codebook=f16_codebook)
         }
-        splitfed = runs[Method("raw", "float32")]
+        runs = {method: record for method, record in found.items() if record is not None}
+        splitfed = runs.get(Method("raw", "float32"))
+        if splitfed is None:
+            continue
         sf_up, sf_down = _per_step(splitfed)
         for method, record in runs.items():
             up, down = _per_step(record)
@@ -200,18 +210,33 @@ def _per_step(record: dict[str, Any]) -> tuple[float, float]:
     return record["wire_bytes"] / steps, record["wire_bytes_received"] / steps
 
 
+def _steps(given: list[str], task: str) -> int:
+    """The steps of ``task`` from ``--steps`` values "N" or "task=N" (last one wins)."""
+    steps = TASKS[task].base.steps
+    for item in given:
+        name, _, value = item.rpartition("=")
+        if name in ("", task):
+            steps = int(value)
+    return steps
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
-    parser.add_argument("--steps", type=int, help="steps of every run (default: per task)")
+    parser.add_argument(
+        "--steps", nargs="+", default=[], help="N for every task, or TASK=N (default: per task)"
+    )
     parser.add_argument("--smoke", action="store_true", help="3 steps of tiny runs")
     parser.add_argument("--downlinks", nargs="+", help="downlinks to try (default: per task)")
+    parser.add_argument(
+        "--cached-only", action="store_true", help="report the runs kept so far, train nothing"
+    )
     parser.add_argument(
         "--f16-codebook", action="store_true", help="also the last downlink, float16 codebooks"
     )
     parser.add_argument("--out", type=Path, help="the JSON file (default: results/traffic.json)")
     args = parser.parse_args(argv)
-    steps = {name: 3 if args.smoke else args.steps or TASKS[name].base.steps for name in args.tasks}
+    steps = {name: 3 if args.smoke else _steps(args.steps, name) for name in args.tasks}
     out = args.out or RESULTS / "traffic.json"
     cache = out.parent / f"{out.stem}-runs"
     rows = records(
@@ -221,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         cache=cache,
         downlinks=args.downlinks,
         f16_codebook=args.f16_codebook,
+        cached_only=args.cached_only,
     )
     path = write_result("traffic", {"records": rows}, out)
     for row in rows:

@@ -75,7 +75,7 @@ class RunConfig:
     transport: str = "inprocess"  # or "http"
     save_bottom: bool = False  # keep party A's trained bottom (<key>.bottom.pt) for Fig. 2
     eval_raw: bool = False  # also evaluate on unquantized activations (eval_raw_* fields)
-    downlink: str | None = None  # party B's gradient representation (None: the run default)
+    downlink: str | None = None  # party B's gradient representation (None: float32)
     codebook_dtype: str = "float32"  # uplink codebooks on the wire ("float16" halves them)
 
     @property
@@ -112,8 +112,9 @@ class RunConfig:
             "optimizer.bottom": {**optimizer, "lr": self.lr_bottom},
             "optimizer.top": {**optimizer, "lr": self.lr_top},
         }
-        if self.downlink is not None:
-            overrides["run.downlink"] = self.downlink
+        # The paper's methods send float32 gradients back: pinned, whatever the product's
+        # default for new runs is, so that the sweeps keep measuring what they measured.
+        overrides["run.downlink"] = self.downlink or "float32"
         if self.clients_per_step is not None:
             overrides["run.schedule"] = {
                 "kind": "clients",
