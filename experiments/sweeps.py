@@ -117,6 +117,16 @@ def femnist_headline() -> list[Job]:
     return [*seeds, *fedlite]
 
 
+def femnist_downlink() -> list[Job]:
+    """The headline FedLite run (seed 0, 2,000 steps) with party B's gradients compressed too:
+    the two downlinks that take a FEMNIST step past 50x fewer bytes both ways than SplitFed
+    (docs/PROTOCOL.md section 7): 1-bit signs with a scale per row (56x) and the top 256 of
+    each row's 9,216 values (66x). Compared with the headline pair's seed 0."""
+    long = replace(FEMNIST, steps=HEADLINE_STEPS, save_bottom=False)
+    fedlite = replace(long, method="fedlite", q=1152, L=2, lam=HEADLINE_LAMBDA)
+    return [replace(fedlite, downlink=downlink) for downlink in ("int1", "topk:k=256")]
+
+
 def femnist_raw_eval() -> list[Job]:
     """Is the accuracy lost at high compression lost in training or only at evaluation? Three
     grid points, each also evaluated on unquantized activations."""
@@ -330,6 +340,11 @@ SWEEPS: dict[str, Sweep] = {
         "FEMNIST FedLite also evaluated on unquantized activations",
         femnist_raw_eval,
         femnist_raw_eval_smoke,
+    ),
+    "femnist_downlink": Sweep(
+        "FEMNIST headline FedLite with a compressed downlink (int1, top-256), 2,000 steps",
+        femnist_downlink,
+        femnist_smoke,
     ),
     "femnist_headline": Sweep(
         "FEMNIST SplitFed and q=1152 L=2 (the paper's 490x), 2,000 steps, 2 seeds",
