@@ -16,8 +16,8 @@ One step, in order (``Steps.step``)::
     replay or order check                             stored answer, or 409
     batch   = state.batch(t); check digest, chunks    409 / 422
     z~      = wire.dequantize(request.chunks)         422 if they do not fit the run
-    outcome = trainer.compute_step(z~, labels)        422 if it diverges   } no state
-    answer  = downlink.step_response(outcome)         the bytes party A gets } changed yet
+    outcome, reply = protected_step(z~, ...)  422 if it diverges   } no state
+    answer  = downlink.step_response(reply)           the bytes party A gets } changed yet
     commit: trainer.apply_step(), log (+ checkpoint), state.commit(t, answer)
 
 Everything that can fail runs before the commit, which is the only place state changes; a
@@ -37,6 +37,7 @@ from party_b import store
 from party_b.errors import ProblemError
 from party_b.labels import LabelSource
 from party_b.metrics import Metrics
+from party_b.privacy.run import protected_step
 from party_b.service import downlink, wire
 from party_b.service.cache import RunCache
 from party_b.service.loader import restore
@@ -187,11 +188,17 @@ class Steps:
         rows = state.label_rows[batch.positions]
         side = self._labels.side(rows) if state.trainer.model.side_features else None
         try:
-            outcome = state.trainer.compute_step(
+            # the run's label-privacy policy: what party A may learn of the labels
+            outcome, reply = protected_step(
+                state.trainer,
                 z_tilde,
                 self._labels.targets(rows),
                 side,
+                rows=rows,
+                num_classes=self._labels.num_outputs,
+                step=request.step,
                 dropout_seed=step_seed(state.config.seed, request.step, "dropout-top"),
+                privacy=state.privacy,
             )
         except DivergedError as exc:
             raise ProblemError(
@@ -201,7 +208,7 @@ class Steps:
             ) from None
         computed = time.perf_counter()
         response = downlink.step_response(
-            request.step, outcome, state.config.grad_dtype, self._metrics
+            request.step, reply, state.config.grad_dtype, self._metrics
         )
         return _Computed(
             request.step, sha, outcome, response, body_bytes, started, decoded, computed
