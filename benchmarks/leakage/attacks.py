@@ -27,7 +27,8 @@ Attack = Callable[[NDArray[np.float32]], Scores]
 def norm_scores(grad: NDArray[np.float32]) -> Scores:
     """Li et al.'s norm scoring: ||g_i||. The minority class gets the larger gradients
     (its rows are the ones the model gets wrong more often)."""
-    return np.linalg.norm(grad.astype(np.float64), axis=1)
+    norms: Scores = np.linalg.norm(grad.astype(np.float64), axis=1)
+    return norms
 
 
 def direction_scores(grad: NDArray[np.float32]) -> Scores:
@@ -37,7 +38,8 @@ def direction_scores(grad: NDArray[np.float32]) -> Scores:
     g = grad.astype(np.float64)
     norms = np.linalg.norm(g, axis=1)
     ref = g[int(np.argmax(norms))]
-    return (g @ ref) / np.maximum(norms * np.linalg.norm(ref), 1e-300)
+    cosines: Scores = (g @ ref) / np.maximum(norms * np.linalg.norm(ref), 1e-300)
+    return cosines
 
 
 def principal_scores(grad: NDArray[np.float32]) -> Scores:
@@ -48,7 +50,8 @@ def principal_scores(grad: NDArray[np.float32]) -> Scores:
     if not np.any(g):
         return np.zeros(len(g))
     _, _, vt = np.linalg.svd(g, full_matrices=False)
-    return g @ vt[0]
+    projections: Scores = g @ vt[0]
+    return projections
 
 
 ATTACKS: dict[str, Attack] = {

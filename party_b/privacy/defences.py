@@ -75,6 +75,9 @@ def perturb_gradient(grad: Tensor, policy: PrivacyPolicy, *, seed: int) -> Tenso
     out = g + noise * sigma[:, None]
     if policy.directional > 0:
         out += _principal_noise(g, policy, largest, generator)
+    if policy.centred and g.shape[0] > 1:
+        noise_sum = out - g
+        out = g + (noise_sum - noise_sum.mean(dim=0, keepdim=True))
     return out.to(grad.dtype)
 
 

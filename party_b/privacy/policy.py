@@ -30,6 +30,11 @@ Fields (docs/PRIVACY.md measures what each costs):
   gradients differ, which for binary labels is the top principal direction): it hides the
   direction and principal-direction signals with about d / directions times less noise
   energy than isotropic noise of the same effect.
+- ``centred``: subtract, per coordinate, the batch mean of all the noise above, so that the
+  noise sums to zero over the batch's rows: party A's bottom-model gradient, a sum over rows,
+  then loses the noise's common part (large, as the bottom's ReLU activations are all >= 0)
+  while each row's noise keeps (1 - 1/rows) of its variance. The price: the batch's summed
+  gradient reaches party A exactly (it always did up to noise of sqrt(rows) times a row's).
 - ``label_epsilon``: label differential privacy by randomized response (classification only):
   each training row's label is replaced once, for the whole run, by itself with probability
   e^eps / (e^eps + C - 1) and otherwise by another class drawn uniformly; training then sees
@@ -55,6 +60,7 @@ class PrivacyPolicy:
     noise: float = 0.0  # Gaussian noise, in units of the batch's largest row norm
     directional: float = 0.0  # noise along the top principal directions, same units
     directions: int = 2  # how many principal directions get ``directional`` noise
+    centred: bool = False  # the noise sums to zero over the batch
     label_epsilon: float | None = None  # randomized response; None = labels as they are
 
     def __post_init__(self) -> None:
@@ -93,6 +99,8 @@ class PrivacyPolicy:
             parts.append(f"noise={self.noise:g}")
         if self.directional:
             parts.append(f"directional={self.directional:g},directions={self.directions}")
+        if self.centred:
+            parts.append("centred=true")
         if self.label_epsilon is not None:
             parts.append(f"label_epsilon={self.label_epsilon:g}")
         return ",".join(parts)
@@ -109,9 +117,9 @@ PRESETS: dict[str, PrivacyPolicy] = {
 def _field_value(key: str, raw: str) -> object:
     if key == "metrics":
         return raw
-    if key == "max_norm":
+    if key in ("max_norm", "centred"):
         if raw.lower() not in ("true", "false"):
-            raise ValueError(f"max_norm is true or false, not {raw!r}")
+            raise ValueError(f"{key} is true or false, not {raw!r}")
         return raw.lower() == "true"
     if key == "label_epsilon" and raw.lower() == "none":
         return None
