@@ -11,6 +11,7 @@ Example (every table but [run] is optional)::
     checkpoint_interval = 25
     eval_fraction = 0.2
     use_side_features = true     # party B feeds its own columns to the top model
+    # downlink = "int8"          # how party B's gradients travel back (docs/PROTOCOL.md s. 3)
     schedule = { kind = "shuffle" }  # or { kind = "clients", clients_per_step = 10 }
 
     [model.bottom]               # party A's bottom model (in_features defaults to the data)
@@ -81,6 +82,7 @@ class RunSection(_Strict):
     eval_fraction: float = Field(default=0.2, ge=0, lt=1)
     use_side_features: bool = True
     grad_dtype: Literal["float32", "float16"] = "float32"
+    downlink: str | None = None  # party B's gradient representation; None: its default
 
 
 class ModelSection(_Strict):
@@ -145,6 +147,7 @@ class PartyAConfig(_Strict):
             eval_fraction=self.run.eval_fraction,
             use_side_features=self.run.use_side_features,
             grad_dtype=self.run.grad_dtype,
+            **({} if self.run.downlink is None else {"downlink": self.run.downlink}),
         )
 
 

@@ -17,7 +17,8 @@ One step, in order (``Steps.step``)::
     batch   = state.batch(t); check digest, chunks    409 / 422
     z~      = wire.dequantize(request.chunks)         422 if they do not fit the run
     outcome = trainer.compute_step(z~, labels)        422 if it diverges   } no state
-    answer  = downlink.step_response(outcome)         the bytes party A gets } changed yet
+    defended = outcome.grad (+ the run's defence)     what party A may see   } no state
+    answer  = downlink.step_response(defended)        the bytes party A gets } changed yet
     commit: trainer.apply_step(), log (+ checkpoint), state.commit(t, answer)
 
 Everything that can fail runs before the commit, which is the only place state changes; a
@@ -200,8 +201,16 @@ class Steps:
                 applied_step=state.step,
             ) from None
         computed = time.perf_counter()
+        grad = outcome.grad.numpy()  # (rows, d) d loss / d z~
+        defended = grad  # label-privacy defences of the run transform the gradient here
         response = downlink.step_response(
-            request.step, outcome, state.config.grad_dtype, self._metrics
+            step=request.step,
+            loss=outcome.loss,
+            step_metrics=outcome.metrics,
+            grad=defended,
+            downlink=downlink.run_downlink(state.config.downlink),
+            run_seed=state.config.seed,
+            metrics=self._metrics,
         )
         return _Computed(
             request.step, sha, outcome, response, body_bytes, started, decoded, computed
