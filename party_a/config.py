@@ -132,22 +132,26 @@ class PartyAConfig(_Strict):
 
     def run_create(self, cut_dim: int) -> RunCreate:
         """The run as party B sees it (lambda and the bottom model stay with party A)."""
-        return RunCreate(
-            name=self.run.name,
-            model=self.run.model,
-            top=self.model.top,
-            cut_dim=cut_dim,
-            quantizer=self.quantizer.spec(),
-            optimizer=self.optimizer.top,
-            batch_size=self.run.batch_size,
-            schedule=self.run.schedule,
-            steps=self.run.steps,
-            seed=self.run.seed,
-            checkpoint_interval=self.run.checkpoint_interval,
-            eval_fraction=self.run.eval_fraction,
-            use_side_features=self.run.use_side_features,
-            grad_dtype=self.run.grad_dtype,
-            **({} if self.run.downlink is None else {"downlink": self.run.downlink}),
+        # no downlink in the config: party B's default for new runs (RunCreate fills it in)
+        downlink = {} if self.run.downlink is None else {"downlink": self.run.downlink}
+        return RunCreate.model_validate(
+            dict(
+                name=self.run.name,
+                model=self.run.model,
+                top=self.model.top,
+                cut_dim=cut_dim,
+                quantizer=self.quantizer.spec(),
+                optimizer=self.optimizer.top,
+                batch_size=self.run.batch_size,
+                schedule=self.run.schedule,
+                steps=self.run.steps,
+                seed=self.run.seed,
+                checkpoint_interval=self.run.checkpoint_interval,
+                eval_fraction=self.run.eval_fraction,
+                use_side_features=self.run.use_side_features,
+                grad_dtype=self.run.grad_dtype,
+                **downlink,
+            )
         )
 
 

@@ -4,8 +4,8 @@ byte for byte, and read as the original representation for runs stored before it
 from collections.abc import Iterator
 
 import httpx
-import numpy as np
 import msgpack
+import numpy as np
 import pytest
 
 from api_schemas import RunCreate
@@ -87,9 +87,10 @@ def test_an_unknown_or_unfitting_downlink_gets_422(
 
 
 def test_runs_name_their_downlink_and_grad_dtype_float16_still_means_float16() -> None:
-    assert RunCreate.model_validate(run_spec()).downlink == RunCreate.model_fields[
-        "downlink"
-    ].get_default()
+    assert (
+        RunCreate.model_validate(run_spec()).downlink
+        == RunCreate.model_fields["downlink"].get_default()
+    )
     assert RunCreate.model_validate(run_spec(grad_dtype="float16")).downlink == "float16"
 
 
