@@ -31,6 +31,8 @@ class _Strict(BaseModel):
 
 
 MAX_STEP = 2**63 - 1  # steps are 64-bit signed ints on the wire and in the database
+# The downlink of a new run that names none (docs/PERFORMANCE.md, "Traffic", chose it).
+DEFAULT_DOWNLINK = "float32"
 
 
 class QuantizerSpec(_Strict):
@@ -108,13 +110,44 @@ class RunCreate(_Strict):
     use_side_features: bool = Field(
         default=True, description="feed party B's own feature columns to the top model"
     )
-    grad_dtype: Literal["float32", "float16"] = "float32"
+    grad_dtype: Literal["float32", "float16"] = Field(
+        default="float32",
+        description="kept for compatibility: 'float16' is downlink 'float16' when downlink is "
+        "not given",
+    )
+    downlink: str = Field(
+        default=DEFAULT_DOWNLINK,
+        min_length=1,
+        max_length=80,
+        description="how party B's gradients travel back: float32, float16, bfloat16, int8, "
+        "int4, int2, int1, topk:k=<per row>, pq:q=<sub-vectors>,L=<codewords>[,R=<groups>] "
+        f"(docs/PROTOCOL.md section 3); default {DEFAULT_DOWNLINK!r}",
+    )
 
     @classmethod
     def from_stored(cls, config: Mapping[str, Any]) -> Self:
         """A run spec as party B stored it: a run stored before ``schedule_version`` existed
-        used version 1, and keeps using it, so that it resumes bit-identically."""
-        return cls.model_validate({"schedule_version": 1, **config})
+        used version 1, and one stored before ``downlink`` existed sends its ``grad_dtype``,
+        and each keeps doing so, so that it resumes bit-identically."""
+        downlink = config.get("grad_dtype", "float32")
+        return cls.model_validate({"schedule_version": 1, "downlink": downlink, **config})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_downlink(cls, data: Any) -> Any:
+        """No ``downlink``: ``grad_dtype = "float16"`` means float16, otherwise the default
+        for new runs. Both given and disagreeing is an error rather than a silent choice."""
+        if not isinstance(data, dict):
+            return data
+        grad_dtype = data.get("grad_dtype", "float32")
+        downlink = data.get("downlink")
+        if downlink is None:
+            return {**data, "downlink": "float16" if grad_dtype == "float16" else DEFAULT_DOWNLINK}
+        if grad_dtype == "float16" and downlink != "float16":
+            raise ValueError(
+                f"grad_dtype 'float16' and downlink {downlink!r} disagree: give downlink only"
+            )
+        return data
 
     @model_validator(mode="after")
     def _pq_fits_cut_dim(self) -> Self:

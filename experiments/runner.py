@@ -75,6 +75,8 @@ class RunConfig:
     transport: str = "inprocess"  # or "http"
     save_bottom: bool = False  # keep party A's trained bottom (<key>.bottom.pt) for Fig. 2
     eval_raw: bool = False  # also evaluate on unquantized activations (eval_raw_* fields)
+    downlink: str | None = None  # party B's gradient representation (None: the run default)
+    codebook_dtype: str = "float32"  # uplink codebooks on the wire ("float16" halves them)
 
     @property
     def key(self) -> str:
@@ -83,6 +85,10 @@ class RunConfig:
         if self.method == "fedlite":
             parts += [f"q{self.q}", f"L{self.L}", f"R{self.R}", f"lam{self.lam:g}"]
         parts += [f"lr{self.lr_bottom:.3g}", f"s{self.seed}", f"T{self.steps}"]
+        if self.downlink is not None:
+            parts.append("dl-" + self.downlink.replace(":", "-").replace(",", "-"))
+        if self.codebook_dtype != "float32":
+            parts.append(f"cb-{self.codebook_dtype}")
         if self.eval_raw:
             parts.append("evalraw")
         if self.transport != "inprocess":
@@ -106,6 +112,8 @@ class RunConfig:
             "optimizer.bottom": {**optimizer, "lr": self.lr_bottom},
             "optimizer.top": {**optimizer, "lr": self.lr_top},
         }
+        if self.downlink is not None:
+            overrides["run.downlink"] = self.downlink
         if self.clients_per_step is not None:
             overrides["run.schedule"] = {
                 "kind": "clients",
@@ -120,6 +128,7 @@ class RunConfig:
                     "quantizer.R": self.R,
                     "quantizer.lambda": self.lam,
                     "quantizer.iterations": self.kmeans_iterations,
+                    "quantizer.codebook_dtype": self.codebook_dtype,
                 }
             )
         elif self.method == "splitfed":
@@ -325,6 +334,7 @@ def run_split(
         "wire_ratio": summary.compression,
         "wire_bytes": summary.bytes_sent,
         "wire_raw_bytes": summary.raw_bytes,
+        "wire_bytes_received": summary.bytes_received,
         "seconds": time.perf_counter() - started,
     }
     if config.method == "fedlite" and config.clients_per_step is None:

@@ -11,6 +11,7 @@ Example (every table but [run] is optional)::
     checkpoint_interval = 25
     eval_fraction = 0.2
     use_side_features = true     # party B feeds its own columns to the top model
+    # downlink = "int8"          # how party B's gradients travel back (docs/PROTOCOL.md s. 3)
     schedule = { kind = "shuffle" }  # or { kind = "clients", clients_per_step = 10 }
 
     [model.bottom]               # party A's bottom model (in_features defaults to the data)
@@ -81,6 +82,7 @@ class RunSection(_Strict):
     eval_fraction: float = Field(default=0.2, ge=0, lt=1)
     use_side_features: bool = True
     grad_dtype: Literal["float32", "float16"] = "float32"
+    downlink: str | None = None  # party B's gradient representation; None: its default
 
 
 class ModelSection(_Strict):
@@ -130,21 +132,26 @@ class PartyAConfig(_Strict):
 
     def run_create(self, cut_dim: int) -> RunCreate:
         """The run as party B sees it (lambda and the bottom model stay with party A)."""
-        return RunCreate(
-            name=self.run.name,
-            model=self.run.model,
-            top=self.model.top,
-            cut_dim=cut_dim,
-            quantizer=self.quantizer.spec(),
-            optimizer=self.optimizer.top,
-            batch_size=self.run.batch_size,
-            schedule=self.run.schedule,
-            steps=self.run.steps,
-            seed=self.run.seed,
-            checkpoint_interval=self.run.checkpoint_interval,
-            eval_fraction=self.run.eval_fraction,
-            use_side_features=self.run.use_side_features,
-            grad_dtype=self.run.grad_dtype,
+        # no downlink in the config: party B's default for new runs (RunCreate fills it in)
+        downlink = {} if self.run.downlink is None else {"downlink": self.run.downlink}
+        return RunCreate.model_validate(
+            dict(
+                name=self.run.name,
+                model=self.run.model,
+                top=self.model.top,
+                cut_dim=cut_dim,
+                quantizer=self.quantizer.spec(),
+                optimizer=self.optimizer.top,
+                batch_size=self.run.batch_size,
+                schedule=self.run.schedule,
+                steps=self.run.steps,
+                seed=self.run.seed,
+                checkpoint_interval=self.run.checkpoint_interval,
+                eval_fraction=self.run.eval_fraction,
+                use_side_features=self.run.use_side_features,
+                grad_dtype=self.run.grad_dtype,
+                **downlink,
+            )
         )
 
 

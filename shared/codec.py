@@ -25,6 +25,7 @@ raw activations, gradients and scores may be float16 (encoder keyword options). 
 always return writable float32 arrays.
 """
 
+from shared.downlink import DownlinkSpec, decode_gradient, encode_gradient, gradient_keys
 from shared.wire.activations import (
     Activations,
     PQActivations,
@@ -55,6 +56,7 @@ __all__ = [
     "Activations",
     "CodecError",
     "DecodeLimits",
+    "DownlinkSpec",
     "EvaluateRequest",
     "EvaluateResponse",
     "PQActivations",
@@ -122,12 +124,20 @@ def decode_step_request(data: bytes, *, limits: DecodeLimits = DEFAULT_LIMITS) -
 # ------------------------------------------------------------------------------------------
 
 
-def encode_step_response(message: StepResponse, *, grad_dtype: WireFloat = "float32") -> bytes:
-    """Serialize a StepResponse, the gradient as ``grad_dtype`` on the wire.
+def encode_step_response(
+    message: StepResponse,
+    *,
+    grad_dtype: WireFloat = "float32",
+    downlink: DownlinkSpec | None = None,
+    seed: int = 0,
+) -> bytes:
+    """Serialize a StepResponse, the gradient in ``downlink`` (default: ``grad_dtype``).
 
-    Raises ``RangeError`` when the gradient is finite but does not fit ``grad_dtype``.
+    ``seed`` drives the representation's randomness (stochastic rounding, k-means): the
+    same message, spec and seed give the same bytes. Raises ``RangeError`` when the
+    gradient is finite but does not fit a 16-bit float representation.
     """
-    tag, grad = float_bin(message.grad, grad_dtype, "grad")
+    spec = downlink if downlink is not None else DownlinkSpec(kind=grad_dtype)
     B, d = message.grad.shape
     return pack(
         MessageType.STEP_RESPONSE,
@@ -137,23 +147,23 @@ def encode_step_response(message: StepResponse, *, grad_dtype: WireFloat = "floa
             "m": message.metrics,
             "B": B,
             "d": d,
-            "dt": tag,
-            "g": grad,
+            **encode_gradient(message.grad, spec, seed),
         },
     )
 
 
 def decode_step_response(data: bytes, *, limits: DecodeLimits = DEFAULT_LIMITS) -> StepResponse:
     """Parse and validate a StepResponse; raises CodecError for any malformed input."""
-    keys = frozenset({"s", "l", "m", "B", "d", "dt", "g"})
-    f = open_message(data, MessageType.STEP_RESPONSE, keys, limits)
+    common = frozenset({"s", "l", "m", "B", "d"})
+    f = open_message(
+        data, MessageType.STEP_RESPONSE, lambda obj: common | gradient_keys(obj), limits
+    )
     step = f.get_int("s", 0, MAX_STEP)
     loss = f.get_float("l")
     metrics = metrics_from_wire(f, "m", limits)
     B = f.get_int("B", 1, limits.max_batch)
     d = f.get_int("d", 1, limits.max_dim)
-    f.check_elements("B*d", B * d, limits)
-    grad = f.get_float_array("g", f.get_dtype("dt"), (B, d))
+    grad = decode_gradient(f, B, d, limits)
     with malformed(f.where):
         return StepResponse(step=step, loss=loss, metrics=metrics, grad=grad)
 

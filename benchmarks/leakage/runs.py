@@ -38,7 +38,7 @@ class LeakRun:
     q: int
     L: int
     privacy: str = "off"  # FEDLITE_B_PRIVACY text
-    downlink: str = "float32"  # the run's grad_dtype
+    downlink: str = "float32"  # the run's downlink representation (shared.downlink)
     lam: float = 1e-3
     lr: float = 0.003
     seed: int = 0
@@ -105,7 +105,7 @@ def train_recorded(run: LeakRun, workdir: Path) -> Recorded:
     task = load_task(run.task)
     overrides: dict[str, Any] = run.party_a_config().party_a_config(task)
     overrides["run.name"] = f"{run.task}-{run.downlink}-{run.privacy}-s{run.seed}"[:120]
-    overrides["run.grad_dtype"] = run.downlink
+    overrides["run.downlink"] = run.downlink
     overrides["run.checkpoint_interval"] = run.steps
     recorded = Recorded()
     workdir.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from party_b.errors import ProblemError
 from party_b.labels import LabelSource
 from party_b.settings import Limits
 from party_b.top import TopTrainer
+from shared.downlink import DownlinkSpec
 from shared.models import MODEL_NAMES, build_top, output_kwarg, top_kwargs
 from shared.models import task as model_task
 from shared.schedule import BatchSchedule, make_schedule
@@ -121,6 +122,11 @@ class Admission:
                 "the 'clients' schedule needs the client of every sample, and party B's "
                 "labels have no client column"
             )
+        try:
+            downlink = DownlinkSpec.from_string(spec.downlink)
+            downlink.check_width(spec.cut_dim)
+        except ValueError as exc:
+            raise ProblemError.invalid(f"downlink: {exc}") from None
         lim = self._limits
         checks = [
             ("batch_size", spec.batch_size, lim.max_batch),
@@ -129,6 +135,7 @@ class Admission:
             ("steps", spec.steps, lim.max_steps),
             ("quantizer.q", spec.quantizer.q or 1, lim.max_q),
             ("quantizer.L", spec.quantizer.L or 1, lim.max_L),
+            ("downlink L", downlink.L, lim.max_L),  # party B runs this k-means every step
         ]
         for name, value, limit in checks:
             if value > limit:

@@ -16,7 +16,7 @@ One step, in order (``Steps.step``)::
     replay or order check                             stored answer, or 409
     batch   = state.batch(t); check digest, chunks    409 / 422
     z~      = wire.dequantize(request.chunks)         422 if they do not fit the run
-    outcome, reply = protected_step(z~, ...)  422 if it diverges   } no state
+    outcome, reply = protected_step(z~, labels, ...)  422 if it diverges     } no state
     answer  = downlink.step_response(reply)           the bytes party A gets } changed yet
     commit: trainer.apply_step(), log (+ checkpoint), state.commit(t, answer)
 
@@ -208,7 +208,13 @@ class Steps:
             ) from None
         computed = time.perf_counter()
         response = downlink.step_response(
-            request.step, reply, state.config.grad_dtype, self._metrics
+            step=request.step,
+            loss=reply.loss,  # the reply: defended gradient, what the metrics policy lets through
+            step_metrics=reply.metrics,
+            grad=reply.grad.numpy(),
+            downlink=downlink.run_downlink(state.config.downlink),
+            run_seed=state.config.seed,
+            metrics=self._metrics,
         )
         return _Computed(
             request.step, sha, outcome, response, body_bytes, started, decoded, computed

@@ -6,6 +6,7 @@ version's different fields are reported as an unsupported version, not as unknow
 then ``t``, then that the map holds exactly the message's fields.
 """
 
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Any, Final
 
@@ -39,9 +40,16 @@ def pack(message_type: MessageType, fields: dict[str, Any]) -> bytes:
 
 
 def open_message(
-    data: object, message_type: MessageType, keys: frozenset[str], limits: DecodeLimits
+    data: object,
+    message_type: MessageType,
+    keys: frozenset[str] | Callable[[Mapping[str, Any]], frozenset[str]],
+    limits: DecodeLimits,
 ) -> Fields:
-    """Parse one msgpack map and check its envelope: version, type tag, exact field set."""
+    """Parse one msgpack map and check its envelope: version, type tag, exact field set.
+
+    ``keys`` may be a function of the map, for a message with alternative field sets (a
+    StepResponse's gradient, original or compressed).
+    """
     obj = unpack_map(data, limits)
     if "v" not in obj:
         raise CodecError("missing wire version field 'v'")
@@ -55,4 +63,5 @@ def open_message(
         raise CodecError(f"message type 't' must be a str, got {type_name(tag)}")
     if tag != message_type.value:
         raise CodecError(f"expected message type {message_type.value!r}, got {tag!r}")
-    return Fields(obj, message_type.value, keys | {"v", "t"})
+    expected = keys if isinstance(keys, frozenset) else keys(obj)
+    return Fields(obj, message_type.value, expected | {"v", "t"})

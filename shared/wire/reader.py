@@ -148,6 +148,11 @@ class Fields:
         self._obj: dict[str, Any] = obj
         self.where = where
 
+    @property
+    def keys(self) -> frozenset[str]:
+        """The field names of the map (exactly the ones it was checked against)."""
+        return frozenset(self._obj)
+
     def fail(self, key: str, problem: str) -> CodecError:
         """The CodecError for field ``key``, naming its path."""
         return CodecError(f"{self.where}.{key}: {problem}")

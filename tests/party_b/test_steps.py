@@ -43,7 +43,16 @@ WIRE_OPTIONS: list[dict[str, Any]] = [
     },
     {"grad_dtype": "float32", "quantizer": {"mode": "raw"}},
     {"grad_dtype": "float16", "quantizer": {"mode": "raw"}},
+    *(
+        {"downlink": downlink, "quantizer": {"mode": "pq", "q": 4, "L": 2}}
+        for downlink in ("bfloat16", "int8", "int4", "int2", "int1", "topk:k=3", "pq:q=4,L=2")
+    ),
 ]
+
+
+def _option_id(options: dict[str, Any]) -> str:
+    downlink = options.get("downlink", options.get("grad_dtype"))
+    return f"{options['quantizer']['mode']}-{downlink}"
 
 
 def _checksum(service: RunService, caller: Caller, run_id: str) -> str | None:
@@ -59,7 +68,7 @@ def _reference(tmp_path: Path, options: dict[str, Any]) -> tuple[list[bytes], st
     return answers, _checksum(service, caller, run.id)
 
 
-@pytest.mark.parametrize("options", WIRE_OPTIONS, ids=lambda o: f"{o['quantizer']['mode']}")
+@pytest.mark.parametrize("options", WIRE_OPTIONS, ids=_option_id)
 def test_every_wire_option_applies_each_step_once_and_resumes_bit_identically(
     tmp_path: Path, options: dict[str, Any]
 ) -> None:
