@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from benchmarks.leakage import report
-from benchmarks.leakage.__main__ import BASE, records_of
 from benchmarks.leakage.attacks import ATTACKS, chance_auc, leak_auc
+from benchmarks.leakage.grid import BASE, records_of
 from benchmarks.leakage.runs import train_recorded
 
 SHORT = replace(BASE["breast"], steps=30)

@@ -16,10 +16,13 @@ import pydantic
 import pytest
 import torch
 
+from experiments.tasks import TagLabels
 from party_b.api import create_app
+from party_b.metrics import Metrics
 from party_b.privacy import PRESETS, PrivacyPolicy, parse_policy
 from party_b.privacy.defences import perturb_gradient, randomized_labels
-from party_b.settings import Settings
+from party_b.service import RunService
+from party_b.settings import Limits, Settings
 from shared import codec
 from tests.utils.live import live_server
 from tests.utils.small_runs import (
@@ -166,3 +169,16 @@ def test_randomized_response_flips_at_its_rate_the_same_way_every_time() -> None
     order = np.random.default_rng(0).permutation(20000)
     again = randomized_labels(labels[order], rows[order], epsilon=1.0, num_classes=2, seed=5)
     assert torch.equal(again, once[order])
+
+
+def test_randomized_response_needs_class_labels(tmp_path: Path) -> None:
+    party_b = small_party_b(tmp_path)
+    tags = TagLabels(row_ids=["a", "b"], tags=np.array([[1, 0], [0, 1]], dtype=np.uint8))
+    with pytest.raises(ValueError, match="needs class labels; this label source is a multilabel"):
+        RunService(
+            sessions=party_b.sessions,
+            labels=tags,
+            limits=Limits(),
+            metrics=Metrics(),
+            privacy=parse_policy("label_epsilon=1"),
+        )
