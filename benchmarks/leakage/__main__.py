@@ -31,16 +31,23 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="two 10-step runs per task")
     parser.add_argument("--tasks", nargs="+", default=list(BASE), choices=list(BASE))
     parser.add_argument("--out", default=str(RESULTS / "leakage.json"))
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep the parties' databases here between invocations (the PSI of a task, the "
+        "costliest part of a short run, is then cached); default: a temporary directory",
+    )
     args = parser.parse_args()
     started = time.time()
     load_before = list(os.getloadavg())
-    workdir = Path(tempfile.mkdtemp(prefix="fedlite-leakage-"))
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fedlite-leakage-"))
     try:
         with multiprocessing.get_context("spawn").Pool(len(args.tasks)) as pool:
             jobs = [pool.apply_async(task_records, (t, args.smoke, workdir)) for t in args.tasks]
             records = [r for job in jobs for r in job.get()]
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
     doc = {
         "command": "python -m benchmarks.leakage" + (" --smoke" if args.smoke else ""),
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),

@@ -8,6 +8,7 @@ would get: the attacks read those gradients. The labels of each step's rows are 
 party B's side only to score the attack afterwards.
 """
 
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,9 @@ def train_recorded(run: LeakRun, workdir: Path) -> Recorded:
     """
     task = load_task(run.task)
     overrides: dict[str, Any] = run.party_a_config().party_a_config(task)
-    overrides["run.name"] = f"{run.task}-{run.downlink}-{run.privacy}-s{run.seed}"[:120]
+    # party A's store keeps every run under its name: a fresh one per training
+    name = f"{run.task}-{run.downlink}-{run.privacy}-s{run.seed}"[:110]
+    overrides["run.name"] = f"{name}-{uuid.uuid4().hex[:8]}"
     overrides["run.downlink"] = run.downlink
     overrides["run.checkpoint_interval"] = run.steps
     recorded = Recorded()

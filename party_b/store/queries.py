@@ -78,8 +78,8 @@ def add_run(session: Session, run: Run, idempotency_key: str | None) -> None:
 
 
 def add_run_privacy(session: Session, run_id: str, policy: dict[str, Any], secret: bytes) -> None:
-    """Store the privacy policy and secret of a run added in this session."""
-    session.flush()  # the run row first: the policy refers to it
+    """Store the privacy policy and secret of a run added in this session (the unit of
+    work inserts the run row first: the policy refers to it)."""
     session.add(RunPrivacy(run_id=run_id, policy=policy, secret=secret))
 
 
