@@ -1,15 +1,16 @@
 """JSON bodies of party B's run endpoints (``/v1/runs...``)."""
 
 from collections.abc import Mapping
-from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 # A model's keyword arguments as plain JSON values (ints, floats, lists of ints).
 ModelKwargs = dict[str, int | float | list[int]]
 Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+# A moment with its time zone (party B sends UTC, as "...Z"); a naive one is refused.
+Moment = Annotated[AwareDatetime, Field(description="RFC 3339 date-time with a time zone")]
 
 
 class RunStatus(StrEnum):
@@ -168,7 +169,7 @@ class RunOut(BaseModel):
     name: str
     status: RunStatus
     config: RunCreate
-    created_at: datetime
+    created_at: Moment
     step: int = Field(description="last training step applied (0 = none)")
     checkpoints: list[int] = Field(description="steps party B can resume from")
     alignment_key: str = Field(description="hex HMAC key for hashing sample ids (this run only)")
@@ -215,7 +216,7 @@ class StepLogOut(BaseModel):
     decode_ms: float
     compute_ms: float
     total_ms: float
-    created_at: datetime
+    created_at: Moment
 
 
 class StepLogPage(BaseModel):
@@ -228,4 +229,4 @@ class EvalResultOut(BaseModel):
     n: int
     loss: float | None
     metrics: dict[str, float | None]
-    created_at: datetime
+    created_at: Moment

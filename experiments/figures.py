@@ -593,6 +593,10 @@ def main(argv: list[str] | None = None) -> int:
         uplink("femnist")
         vertical()
         headline()
+        if (RESULTS / "femnist_headline").exists():
+            from experiments.headline import headline_curves
+
+            headline_curves()
         http_checks()
         raw_eval()
         sweep_table()

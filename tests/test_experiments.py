@@ -117,3 +117,24 @@ def test_generated_tables_replace_only_their_own_blocks(
         "prose\n<!-- BEGIN figures/t.md -->\n| new |\n<!-- END figures/t.md -->\nmore\n"
         "<!-- BEGIN figures/missing.md -->\nkept\n<!-- END figures/missing.md -->\n"
     )
+
+
+def test_headline_drops_pair_each_seed_and_use_only_steps_every_run_reached() -> None:
+    from experiments.headline import relative_drops
+
+    def record(method: str, seed: int, curve: dict[int, float]) -> dict[str, object]:
+        points = [{"step": s, "eval_accuracy": a} for s, a in curve.items()]
+        return {"config": {"method": method, "seed": seed}, "curve": points}
+
+    records = [
+        record("splitfed", 0, {100: 0.80, 200: 0.90}),
+        record("splitfed", 1, {100: 0.60, 200: 0.70}),
+        record("fedlite", 0, {100: 0.40, 200: 0.81}),
+        record("fedlite", 1, {100: 0.60}),  # still training: step 200 not reached
+        record("fedlite", 2, {100: 0.10, 200: 0.10}),  # no SplitFed partner: left out
+    ]
+    (row,) = relative_drops(records)
+    assert row["step"] == 100 and row["seeds"] == [0, 1]
+    assert row["drop"] == pytest.approx(1 - 0.5 / 0.7)
+    assert row["drop_per_seed"] == pytest.approx([0.5, 0.0])
+    assert relative_drops(records[:2]) == []

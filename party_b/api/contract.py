@@ -18,12 +18,20 @@ from api_schemas.problems import (
     MSGPACK_CONTENT_TYPE,
     PROBLEM_CONTENT_TYPE,
     PROBLEMS,
-    Problem,
     ProblemType,
 )
 from party_b.api.problems import problem_response
 
-__all__ = ["AUTHENTICATED", "JSON", "MSGPACK", "WITH_BODY", "ContractRoute", "contract"]
+__all__ = [
+    "AUTHENTICATED",
+    "JSON",
+    "MSGPACK",
+    "PROBLEM_SCHEMA",
+    "WITH_BODY",
+    "ContractRoute",
+    "MsgpackResponse",
+    "contract",
+]
 
 JSON = "application/json"
 MSGPACK = MSGPACK_CONTENT_TYPE
@@ -35,28 +43,54 @@ AUTHENTICATED = (ProblemType.UNAUTHORIZED,)
 WITH_BODY = (ProblemType.PAYLOAD_TOO_LARGE, ProblemType.UNSUPPORTED_MEDIA_TYPE)
 
 
+PROBLEM_SCHEMA = {"$ref": "#/components/schemas/Problem"}  # party_b.api.openapi adds it
+_BINARY = {"type": "string", "format": "binary"}
+_SPEC = "docs/PROTOCOL.md"
+
+
+class MsgpackResponse(Response):
+    """A msgpack body; the route's OpenAPI entry then shows this media type, not JSON's."""
+
+    media_type = MSGPACK
+
+
 def contract(
-    *, consumes: str | None = None, problems: Iterable[ProblemType] = ()
+    *,
+    consumes: str | None = None,
+    problems: Iterable[ProblemType] = (),
+    message: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """Route-decorator kwargs declaring a msgpack body (``consumes=MSGPACK``; JSON bodies are
-    declared by the endpoint's model) and the problems the route answers, by status."""
+    declared by the endpoint's model) and the problems the route answers, by status.
+
+    ``message``: with ``consumes=MSGPACK``, the names of the request and reply messages in
+    docs/PROTOCOL.md (e.g. ``("StepRequest", "StepResponse")``); the route answers msgpack.
+    """
     extra: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {}
+    responses: dict[int | str, dict[str, Any]] = {}
     if consumes is not None:
-        binary = {"schema": {"type": "string", "format": "binary"}}
-        extra["requestBody"] = {"required": True, "content": {consumes: binary}}
+        body: dict[str, Any] = {"required": True, "content": {consumes: {"schema": _BINARY}}}
+        if message is not None:
+            body["description"] = f"a msgpack `{message[0]}`, byte for byte as in {_SPEC}"
+        extra["requestBody"] = body
+    if consumes == MSGPACK:
+        kwargs["response_class"] = MsgpackResponse
+        reply = f"a msgpack `{message[1]}` ({_SPEC})" if message else "a msgpack message"
+        responses[200] = {"description": reply, "content": {MSGPACK: {"schema": _BINARY}}}
     by_status: dict[int, list[ProblemType]] = {}
     for type_ in dict.fromkeys(problems):
         by_status.setdefault(PROBLEMS[type_].status, []).append(type_)
-    responses: dict[int | str, dict[str, Any]] = {
-        status: {
+    for status, types in sorted(by_status.items()):
+        responses[status] = {
             "description": "; ".join(f"`{t.value}`: {PROBLEMS[t].title}" for t in types),
-            "content": {PROBLEM_CONTENT_TYPE: {"schema": Problem.model_json_schema()}},
+            "content": {PROBLEM_CONTENT_TYPE: {"schema": PROBLEM_SCHEMA}},
         }
-        for status, types in sorted(by_status.items())
-    }
-    if consumes == MSGPACK:
-        responses[200] = {"content": {MSGPACK: {"schema": {"type": "string", "format": "binary"}}}}
-    return {"openapi_extra": extra or None, "responses": responses}
+        if status == 401:
+            responses[status]["headers"] = {
+                "WWW-Authenticate": {"description": "`Bearer`", "schema": {"type": "string"}}
+            }
+    return {"openapi_extra": extra or None, "responses": responses, **kwargs}
 
 
 class ContractRoute(APIRoute):

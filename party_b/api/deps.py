@@ -5,7 +5,8 @@ from functools import partial
 from typing import Annotated, ParamSpec, TypeVar
 
 import anyio
-from fastapi import Depends, Request, Response
+from fastapi import Depends, Request, Response, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from api_schemas import ProblemType
@@ -20,12 +21,23 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-def _caller(request: Request) -> Caller:
+# FastAPI's bearer scheme only reads the header (our 401 is problem+json, not its own): through
+# it the OpenAPI document declares the scheme and which operations need it.
+_BEARER = HTTPBearer(
+    auto_error=False,
+    scheme_name="bearer",
+    description="An API token from party B's operator (`fedlite-b token issue`).",
+)
+
+
+def _caller(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)],
+) -> Caller:
     """The token of ``Authorization: Bearer <token>``, looked up on every request (so a
     revoked token stops working at once); 401 otherwise."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = credentials.credentials if credentials is not None else ""
+    if not token.strip():
         raise ProblemError(ProblemType.UNAUTHORIZED, "send 'Authorization: Bearer <token>'")
     sessions: sessionmaker[Session] = request.app.state.sessions
     with sessions() as session:

@@ -16,7 +16,9 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from party_b import auth
+from party_b.api.docs_ui import install_docs
 from party_b.api.middleware import BodyLimitMiddleware, MetricsMiddleware
+from party_b.api.openapi import install_openapi
 from party_b.api.problems import install_problem_handlers
 from party_b.api.routes import ROUTERS
 from party_b.dashboard import RunCollector, install_dashboard
@@ -59,6 +61,8 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
         version="1.0",
         summary="The label holder's top-model service for two-party split learning.",
         lifespan=lifespan,
+        docs_url=None,  # install_docs: served from local files, no CDN
+        redoc_url=None,  # ReDoc would load from a CDN too
     )
     app.state.service = service
     app.state.sessions = sessions
@@ -69,6 +73,8 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     metrics.registry.register(RunCollector(service))  # per-run progress on /metrics
     install_dashboard(app, settings, service)  # only with FEDLITE_B_DASHBOARD_TOKEN set
     install_problem_handlers(app)
+    install_openapi(app)
+    install_docs(app)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.limits.max_body_bytes)
     # Outermost, so that it also counts what BodyLimitMiddleware refuses (route "unmatched").
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -188,10 +188,16 @@ class Alignment:
             eval_fraction=spec.eval_fraction,
             version=spec.schedule_version,
         )
-        if len(aligned) < 2 or len(train_pos) < spec.batch_size:
+        # Two rules, named apart (one message for both once read "only 1 ... need at least
+        # batch_size=1"): at least 2 ids in common, and a full batch of training samples.
+        if len(aligned) < 2:
             raise ProblemError.invalid(
-                f"only {len(aligned)} ids in common ({len(train_pos)} for training); "
-                f"need at least batch_size={spec.batch_size} training samples"
+                f"{len(aligned)} id(s) in common; a run needs at least 2 aligned ids"
+            )
+        if len(train_pos) < spec.batch_size:
+            raise ProblemError.invalid(
+                f"{len(aligned)} ids in common leave {len(train_pos)} training samples "
+                f"(eval_fraction={spec.eval_fraction}), fewer than batch_size={spec.batch_size}"
             )
         model_state, optimizer_state = self._admission.new_trainer(spec).state()
         run.aligned_ids = b"".join(aligned)

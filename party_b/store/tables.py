@@ -8,8 +8,9 @@ goes into new tables, so upgrading needs no migration.
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, LargeBinary, String
+from sqlalchemy import JSON, DateTime, Dialect, Float, ForeignKey, Integer, LargeBinary, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
 
 __all__ = [
     "ApiToken",
@@ -29,6 +30,29 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+class UtcDateTime(TypeDecorator[datetime]):
+    """A moment, stored in UTC and read back as an aware UTC datetime on every database.
+
+    SQLite keeps no time zone: a plain ``DateTime(timezone=True)`` hands back naive datetimes
+    there (aware ones on PostgreSQL), and the API then showed ``created_at`` without its ``Z``
+    on every read but the first.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else _as_utc(value)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else _as_utc(value)
+
+
+def _as_utc(moment: datetime) -> datetime:
+    """Every moment party B handles is UTC: a naive one (SQLite's) is read as UTC."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
 class Base(DeclarativeBase):
     pass
 
@@ -41,8 +65,8 @@ class ApiToken(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(120), unique=True)
     token_sha256: Mapped[str] = mapped_column(String(64), unique=True, index=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
-    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
 
 
 class Run(Base):
@@ -60,10 +84,8 @@ class Run(Base):
     aligned_ids: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
     train_size: Mapped[int | None] = mapped_column(Integer, default=None)
     eval_size: Mapped[int | None] = mapped_column(Integer, default=None)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
-    updated_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), default=_now, onupdate=_now
-    )
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now, onupdate=_now)
 
 
 class StepLog(Base):
@@ -80,7 +102,7 @@ class StepLog(Base):
     decode_ms: Mapped[float] = mapped_column(Float)
     compute_ms: Mapped[float] = mapped_column(Float)
     total_ms: Mapped[float] = mapped_column(Float)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
 
 
 class Checkpoint(Base):
@@ -97,7 +119,7 @@ class Checkpoint(Base):
     optimizer_state: Mapped[bytes] = mapped_column(LargeBinary)
     request_sha256: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
     response: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
 
 
 class EvalResult(Base):
@@ -110,7 +132,7 @@ class EvalResult(Base):
     n: Mapped[int] = mapped_column(Integer)
     loss: Mapped[float | None] = mapped_column(Float)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
 
 
 class RevokedToken(Base):
@@ -126,7 +148,7 @@ class RevokedToken(Base):
 
     token_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
     name: Mapped[str] = mapped_column(String(120))
-    revoked_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    revoked_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
 
 
 class IdempotencyKey(Base):
@@ -142,7 +164,7 @@ class IdempotencyKey(Base):
     owner_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), primary_key=True)
     key: Mapped[str] = mapped_column(String(128), primary_key=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
 
 
 class PsiKey(Base):
@@ -158,7 +180,7 @@ class PsiKey(Base):
     ids_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)  # dataset_digest
     dataset_version: Mapped[str] = mapped_column(String(32), unique=True)
     private_key: Mapped[bytes] = mapped_column(LargeBinary)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
 
 
 class RunPrivacy(Base):

@@ -43,7 +43,7 @@ def settings(tmp_path: Path) -> Settings:
 def client(settings: Settings) -> Iterator[httpx.Client]:
     with (
         live_server(create_app(settings)) as url,
-        httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as c,
+        httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as c,
     ):
         yield c
 
@@ -216,6 +216,30 @@ def test_alignment_keeps_only_common_ids_and_is_idempotent(client: httpx.Client)
         422,
         "invalid-request",
     )
+
+
+def test_too_small_an_alignment_names_the_rule_it_breaks(client: httpx.Client) -> None:
+    """At least 2 ids in common, and batch_size training samples: each refusal says which."""
+    one = client.post("/v1/runs", json=_spec(batch_size=1)).json()
+    key = bytes.fromhex(one["alignment_key"])
+    body = problem(
+        client.post(
+            f"/v1/runs/{one['id']}/alignment",
+            json={"hashed_ids": [hmac_ids(key, ["u000"])[0].hex()]},
+        ),
+        422,
+        "invalid-request",
+    )
+    assert body["detail"] == "1 id(s) in common; a run needs at least 2 aligned ids"
+    big = client.post("/v1/runs", json=_spec(batch_size=30)).json()
+    ids = [f"u{i:03d}" for i in range(32)]  # 0.25 of 32 for eval: 24 train < 30
+    hashed = [k.hex() for k in hmac_ids(bytes.fromhex(big["alignment_key"]), ids)]
+    body = problem(
+        client.post(f"/v1/runs/{big['id']}/alignment", json={"hashed_ids": hashed}),
+        422,
+        "invalid-request",
+    )
+    assert "leave 24 training samples" in body["detail"] and "batch_size=30" in body["detail"]
 
 
 def test_resume_to_a_missing_checkpoint_lists_the_kept_ones(client: httpx.Client) -> None:

@@ -19,6 +19,7 @@ async def psi_info(request: Request, who: CallerDep, service: ServiceDep) -> Psi
     "/v1/psi",
     **contract(
         consumes=MSGPACK,
+        message=("PsiRequest", "PsiReply"),
         problems=(*AUTHENTICATED, *WITH_BODY, P.MALFORMED_MESSAGE, P.LIMIT_EXCEEDED),
     ),
 )

@@ -1,5 +1,7 @@
 """Operations: liveness and Prometheus metrics (no token needed)."""
 
+from typing import Any
+
 import anyio
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -14,7 +16,15 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/metrics", response_class=Response)
+_PROMETHEUS_TEXT: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Prometheus text exposition format",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+}
+
+
+@router.get("/metrics", response_class=Response, responses=_PROMETHEUS_TEXT)
 async def prometheus(request: Request) -> Response:
     registry = request.app.state.metrics.registry
     # in a thread: the per-run metrics query the store (party_b.dashboard.prometheus)

@@ -26,7 +26,11 @@ FORWARD = (
 @router.post(
     "/v1/runs/{run_id}/evaluate",
     tags=["training"],
-    **contract(consumes=MSGPACK, problems=(*FORWARD, P.BATCH_MISMATCH)),
+    **contract(
+        consumes=MSGPACK,
+        message=("EvaluateRequest", "EvaluateResponse"),
+        problems=(*FORWARD, P.BATCH_MISMATCH),
+    ),
 )
 async def evaluate(
     request: Request,
@@ -49,7 +53,11 @@ async def evaluations(
 @router.post(
     "/v1/runs/{run_id}/predict",
     tags=["serving"],
-    **contract(consumes=MSGPACK, problems=(*FORWARD, P.UNKNOWN_IDS)),
+    **contract(
+        consumes=MSGPACK,
+        message=("PredictRequest", "PredictResponse"),
+        problems=(*FORWARD, P.UNKNOWN_IDS),
+    ),
 )
 async def predict(request: Request, run_id: str, who: CallerDep, service: ServiceDep) -> Response:
     body = await request.body()

@@ -19,6 +19,7 @@ RUN = (*AUTHENTICATED, P.NOT_FOUND)
     tags=["training"],
     **contract(
         consumes=MSGPACK,
+        message=("StepRequest", "StepResponse"),
         problems=(
             *RUN,
             *WITH_BODY,

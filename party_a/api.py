@@ -1,0 +1,89 @@
+"""Party A from Python (a notebook, a script): the trainer ``fedlite-a`` runs, in five lines.
+
+    from party_a.api import connect
+
+    with connect(url, token, features="host.csv", config="run.toml") as run:
+        summary = run.train()              # PSI, alignment, every step; resumes where it stopped
+        print(run.evaluate().metrics)      # held-out metrics, computed at party B
+        print(run.predict(["s0001"]).scores)  # serving: party B's scores for these ids
+        run.finish()
+
+``run`` is a :class:`party_a.trainer.PartyATrainer`, prepared: the run exists at party B (made
+on first use, found by ``[run] name`` afterwards) and its ids are aligned. Party A's state (the
+bottom model, checkpoints, the PSI cache) lives in ``state_dir`` exactly as for ``fedlite-a``,
+so the CLI and this API can take turns on one run. To run party B in the same Python process,
+see :func:`party_b.background.serve_in_thread`.
+"""
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from party_a.client import HttpTransport
+from party_a.config import PartyAConfig, load_config
+from party_a.errors import ConfigError
+from party_a.features import load_features
+from party_a.session import open_state, state_dir_default
+from party_a.trainer import PartyATrainer
+
+__all__ = ["connect"]
+
+
+@contextmanager
+def connect(
+    server: str,
+    token: str,
+    *,
+    features: str | Path,
+    config: str | Path | PartyAConfig | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    state_dir: str | Path | None = None,
+    id_column: str = "id",
+    ca_bundle: str | Path | None = None,
+    retry_for: float = 300.0,
+) -> Iterator[PartyATrainer]:
+    """A prepared party A session on party B at ``server``; closed at the end of the block.
+
+    Args:
+        server: party B's base URL (``https://`` in a deployment; ``http://`` to localhost).
+        token: the API token party B's operator issued.
+        features: party A's table (CSV, Parquet or npz with an id column).
+        config: a run TOML (``examples/breast.toml``; every key in ``party_a.config``) or a
+            ``PartyAConfig``; ``overrides``: dotted keys on top, e.g. ``{"run.steps": 50}``.
+        state_dir: party A's state directory (default: FEDLITE_A_STATE_DIR or
+            ./fedlite-a-state, as for the CLI).
+        retry_for: seconds to keep retrying party B when it is unreachable or restarting.
+    """
+    if isinstance(config, PartyAConfig):
+        if overrides:
+            raise ConfigError("overrides go with a TOML config; change the PartyAConfig itself")
+        run_config = config
+    else:
+        run_config = load_config(Path(config) if config else None, dict(overrides or {}))
+    store = open_state(Path(state_dir) if state_dir else state_dir_default(), create=True)
+    transport: HttpTransport | None = None
+    try:
+        transport = HttpTransport(
+            server, token, ca_bundle=Path(ca_bundle) if ca_bundle else None, retry_for=retry_for
+        )
+        table = load_features(
+            Path(features),
+            id_column=id_column,
+            feature_columns=run_config.data.feature_columns or None,
+            standardize=run_config.data.standardize,
+            group_column=run_config.data.group_column,
+        )
+        trainer = PartyATrainer(
+            config=run_config,
+            features=table,
+            transport=transport,
+            store=store,
+            server=server.strip().rstrip("/"),
+        )
+        trainer.prepare(create=True)
+        yield trainer
+    finally:
+        if transport is not None:
+            transport.close()
+        store.close()
