@@ -21,10 +21,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.figures import FIGURES, _records, _save, _write_table  # noqa: E402
+from experiments.sweep import RESULTS  # noqa: E402
 
-__all__ = ["headline_curves", "relative_drops"]
+__all__ = ["headline_curves", "lambda_column", "relative_drops"]
 
 SWEEP = "femnist_headline"
+LAMBDA_STEP = 1000  # the grid's length: the lambda column is compared at this step
 
 
 def _curves(records: list[dict[str, Any]]) -> dict[str, dict[int, dict[int, float]]]:
@@ -111,5 +113,44 @@ def headline_curves() -> None:
     print(f"figures in {FIGURES}")
 
 
+def _at(record: dict[str, Any], step: int) -> float | None:
+    return next(
+        (p["eval_accuracy"] for p in record["curve"] if p["step"] == step and "eval_accuracy" in p),
+        None,
+    )
+
+
+def lambda_column() -> None:
+    """Accuracy at step 1,000 of q = 1152, L = 2 for every lambda that ran, seed 0, against
+    SplitFed seed 0 at the same step. The grid's runs stop at 1,000 steps; the headline runs
+    (2,000 steps, same configuration otherwise) give their step-1,000 evaluation, which is the
+    same model: nothing in a run depends on its total length."""
+    headline = _records(SWEEP)
+    grid = _records("femnist") if (RESULTS / "femnist").exists() else []
+    seed0 = [r for r in headline + grid if r["config"]["seed"] == 0]
+    base = next(
+        (a for r in seed0 if r["config"]["method"] == "splitfed" and (a := _at(r, LAMBDA_STEP))),
+        None,
+    )
+    if base is None:
+        raise SystemExit("no SplitFed seed-0 evaluation at step 1,000 yet")
+    by_lam: dict[float, tuple[float, str]] = {}
+    for r in seed0:
+        c = r["config"]
+        if c["method"] == "fedlite" and (c["q"], c["L"], c["R"]) == (1152, 2, 1):
+            if (acc := _at(r, LAMBDA_STEP)) is not None:
+                by_lam.setdefault(c["lam"], (acc, r["key"]))
+    lines = [
+        f"SplitFed seed 0 at step {LAMBDA_STEP}: {base:.4f}.",
+        "",
+        "| lambda (paper units) | accuracy at step 1,000 | relative drop | record |",
+        "|---|---|---|---|",
+    ]
+    for lam, (acc, key) in sorted(by_lam.items()):
+        lines.append(f"| {lam:g} | {acc:.4f} | {100 * (1 - acc / base):.1f} % | `{key}` |")
+    _write_table("lambda_femnist", lines)
+
+
 if __name__ == "__main__":
     headline_curves()
+    lambda_column()
