@@ -181,6 +181,11 @@ def _serve_parser(sub: Any) -> None:
         choices=["quiet", "all", "off"],
         help="HTTP access lines (default quiet: none for successful steps, /healthz, /metrics)",
     )
+    serve.add_argument(
+        "--privacy",
+        help="label privacy of new runs: 'recommended' (docs/PRIVACY.md), 'off' (default), "
+        "optionally with overrides, e.g. 'recommended,metrics=none'",
+    )
     serve.add_argument("--torch-threads", type=int, help="intra-op threads for torch")
     serve.add_argument("--worker-threads", type=int, help="concurrent torch requests")
     serve.set_defaults(func=_cmd_serve)

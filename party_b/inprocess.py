@@ -22,6 +22,7 @@ from party_b import auth
 from party_b.errors import ProblemError
 from party_b.labels import LabelSource
 from party_b.metrics import Metrics
+from party_b.privacy import PrivacyPolicy
 from party_b.service import Caller, RunService
 from party_b.settings import Limits
 from party_b.store import make_engine, make_session_factory
@@ -37,9 +38,14 @@ _TOKEN = "in-process-token-0000"
 
 
 def in_process_party_b(
-    labels: LabelSource, database: Path, *, limits: Limits | None = None
+    labels: LabelSource,
+    database: Path,
+    *,
+    limits: Limits | None = None,
+    privacy: PrivacyPolicy | None = None,
 ) -> tuple[RunService, Caller]:
-    """A party B service on its own SQLite file, and a caller with a registered token."""
+    """A party B service on its own SQLite file, and a caller with a registered token;
+    ``privacy``: the label-privacy policy of its new runs (default off)."""
     engine = make_engine(f"sqlite:///{database}")
     sessions = make_session_factory(engine)
     with sessions() as session:
@@ -47,7 +53,11 @@ def in_process_party_b(
         row = auth.authenticate(session, _TOKEN)
         assert row is not None
     service = RunService(
-        sessions=sessions, labels=labels, limits=limits or Limits(), metrics=Metrics()
+        sessions=sessions,
+        labels=labels,
+        limits=limits or Limits(),
+        metrics=Metrics(),
+        privacy=privacy,
     )
     return service, Caller(token_id=row.id, name=row.name)
 

@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from party_b.privacy.policy import PrivacyPolicy, parse_policy
+
 __all__ = [
     "MIN_DASHBOARD_TOKEN",
     "Limits",
@@ -97,6 +99,12 @@ class Settings(BaseSettings):
         description="HTTP access lines: quiet = all but successful training steps, health "
         "checks and metrics scrapes; all; off",
     )
+    privacy: str = Field(
+        default="off",
+        description="label privacy of new runs (docs/PRIVACY.md): 'recommended', 'off', or "
+        "either followed by overrides, e.g. 'recommended,metrics=none'; each run keeps the "
+        "policy it was created with",
+    )
     limits: Limits = Field(default_factory=Limits)
     dashboard_token: SecretStr | None = Field(
         default=None,
@@ -124,6 +132,15 @@ class Settings(BaseSettings):
     @classmethod
     def _lower_case(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("privacy")
+    @classmethod
+    def _privacy_parses(cls, value: str) -> str:
+        parse_policy(value)  # ValueError: pydantic reports it against FEDLITE_B_PRIVACY
+        return value
+
+    def privacy_policy(self) -> PrivacyPolicy:
+        return parse_policy(self.privacy)
 
     @field_validator("tokens")
     @classmethod
@@ -178,7 +195,7 @@ def check_environment(environ: Mapping[str, str]) -> None:
 _FLAG_FIELDS = (
     "host", "port", "data_dir", "database_url", "labels", "id_column", "label_column",
     "group_column", "label_source", "tokens", "ssl_certfile", "ssl_keyfile", "log_level",
-    "log_format", "access_log", "torch_threads", "worker_threads",
+    "log_format", "access_log", "torch_threads", "worker_threads", "privacy",
 )  # fmt: skip
 
 

@@ -45,7 +45,9 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
         limits=settings.limits,
         metrics=metrics,
         checkpoints_kept=settings.checkpoints_kept,
+        privacy=settings.privacy_policy(),
     )
+    log.info("label privacy of new runs: %s", service.privacy.describe())
     service.recover()  # logs, per training run, the step it resumes from
 
     @asynccontextmanager

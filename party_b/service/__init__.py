@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api_schemas import AlignmentOut, EvalResultOut, PsiInfo, RunCreate, RunOut, StepLogOut
 from party_b.labels import LabelSource
 from party_b.metrics import Metrics
+from party_b.privacy import PrivacyPolicy
 from party_b.service.admission import Admission
 from party_b.service.alignment import Aligner, Alignment
 from party_b.service.cache import RunCache
@@ -49,7 +50,16 @@ class RunService:
         metrics: Metrics,
         checkpoints_kept: int = 3,
         aligner: Aligner | None = None,
+        privacy: PrivacyPolicy | None = None,
     ) -> None:
+        """``privacy``: the label-privacy policy every new run gets (default: off)."""
+        privacy = privacy or PrivacyPolicy()
+        if privacy.label_epsilon is not None and labels.task != "classification":
+            raise ValueError(
+                f"label_epsilon (randomized response) needs class labels; this label source "
+                f"is a {labels.task} task"
+            )
+        self.privacy = privacy
         self.sessions, self.labels, self.limits, self.metrics = sessions, labels, limits, metrics
         admission = Admission(labels, limits)
         self.loader = RunLoader(sessions=sessions, labels=labels, admission=admission)
@@ -61,6 +71,7 @@ class RunService:
             admission=admission,
             cache=cache,
             checkpoints_kept=checkpoints_kept,
+            privacy=privacy,
         )
         self.alignment = Alignment(
             sessions=sessions,

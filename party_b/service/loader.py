@@ -10,6 +10,8 @@ from api_schemas import RunCreate, RunStatus
 from party_b import store
 from party_b.errors import ProblemError
 from party_b.labels import LabelSource
+from party_b.privacy import PrivacyPolicy
+from party_b.privacy.run import RunPrivacy
 from party_b.service.admission import Admission
 from party_b.service.state import Caller, RunState, owned_row
 from party_b.service.wire import dequantizer
@@ -47,8 +49,13 @@ class RunLoader:
                 raise ProblemError.internal(f"run {run_id} has no checkpoint")
             restore(trainer, checkpoint)
             store.forget_after(session, run_id, checkpoint.step)
+            privacy = store.run_privacy(session, run_id)
             session.commit()
             state = self._state(run, spec, trainer)
+            if privacy is not None:
+                state.privacy = RunPrivacy(
+                    PrivacyPolicy.from_stored(privacy.policy), privacy.secret
+                )
             state.commit(checkpoint.step, checkpoint.request_sha256, checkpoint.response)
             return state
 

@@ -12,6 +12,8 @@ from api_schemas import EvalResultOut, ProblemType, RunCreate, RunOut, RunStatus
 from party_b import store
 from party_b.errors import ProblemError
 from party_b.labels import LabelSource
+from party_b.privacy import PrivacyPolicy
+from party_b.privacy.run import RunPrivacy
 from party_b.service.admission import Admission
 from party_b.service.cache import RunCache
 from party_b.service.state import Caller, owned_row
@@ -34,7 +36,9 @@ class Runs:
         admission: Admission,
         cache: RunCache,
         checkpoints_kept: int,
+        privacy: PrivacyPolicy,
     ) -> None:
+        self._privacy = privacy  # what every new run gets; stored with it
         self._sessions = sessions
         self._labels = labels
         self._limits = limits
@@ -82,6 +86,8 @@ class Runs:
                     return earlier
             self._check_quota(session, caller)
             store.add_run(session, run, idempotency_key)
+            privacy = RunPrivacy.new(self._privacy)
+            store.add_run_privacy(session, run.id, privacy.policy.to_stored(), privacy.secret)
             try:
                 session.commit()
             except IntegrityError:  # the same key arrived twice at once: the other one won
@@ -146,8 +152,16 @@ class Runs:
     def step_log(self, caller: Caller, run_id: str, start: int, limit: int) -> list[StepLogOut]:
         with self._sessions() as session:
             owned_row(session, caller, run_id)
+            stored = store.run_privacy(session, run_id)
+            policy = PrivacyPolicy.from_stored(stored.policy if stored else None)
             rows = store.step_log(session, run_id, start, limit)
-            return [StepLogOut.model_validate(r, from_attributes=True) for r in rows]
+            out = [StepLogOut.model_validate(r, from_attributes=True) for r in rows]
+            # party A reads here what its step replies carried, no more (the dashboard,
+            # party B's own view, reads the store directly)
+            for row in out:
+                row.loss = row.loss if policy.metrics != "none" else None
+                row.accuracy = row.accuracy if policy.metrics == "all" else None
+            return out
 
     def eval_results(self, caller: Caller, run_id: str) -> list[EvalResultOut]:
         with self._sessions() as session:

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 from api_schemas import RunCreate
 from party_b import store
 from party_b.errors import ProblemError
+from party_b.privacy.run import OFF, RunPrivacy
 from party_b.top import TopTrainer
 from shared.quantizer import GroupedProductQuantizer
 from shared.schedule import BatchSchedule, StepBatch
@@ -44,6 +45,7 @@ class RunState:
     batches: BatchSchedule  # the batch of every step, as positions into ``train_pos``
     rows_per_sample: int  # activation rows per sample: 1, or T tokens for sequence models
     dequantizer: GroupedProductQuantizer | None  # None for raw runs
+    privacy: RunPrivacy = OFF  # the label-privacy policy party B gave the run
     step: int = 0  # last applied step
     last_request_sha: bytes | None = None
     last_response: bytes | None = None

@@ -16,9 +16,8 @@ One step, in order (``Steps.step``)::
     replay or order check                             stored answer, or 409
     batch   = state.batch(t); check digest, chunks    409 / 422
     z~      = wire.dequantize(request.chunks)         422 if they do not fit the run
-    outcome = trainer.compute_step(z~, labels)        422 if it diverges   } no state
-    defended = outcome.grad (+ the run's defence)     what party A may see   } no state
-    answer  = downlink.step_response(defended)        the bytes party A gets } changed yet
+    outcome, reply = protected_step(z~, labels, ...)  422 if it diverges     } no state
+    answer  = downlink.step_response(reply)           the bytes party A gets } changed yet
     commit: trainer.apply_step(), log (+ checkpoint), state.commit(t, answer)
 
 Everything that can fail runs before the commit, which is the only place state changes; a
@@ -38,6 +37,7 @@ from party_b import store
 from party_b.errors import ProblemError
 from party_b.labels import LabelSource
 from party_b.metrics import Metrics
+from party_b.privacy.run import protected_step
 from party_b.service import downlink, wire
 from party_b.service.cache import RunCache
 from party_b.service.loader import restore
@@ -188,11 +188,17 @@ class Steps:
         rows = state.label_rows[batch.positions]
         side = self._labels.side(rows) if state.trainer.model.side_features else None
         try:
-            outcome = state.trainer.compute_step(
+            # the run's label-privacy policy: what party A may learn of the labels
+            outcome, reply = protected_step(
+                state.trainer,
                 z_tilde,
                 self._labels.targets(rows),
                 side,
+                rows=rows,
+                num_classes=self._labels.num_outputs,
+                step=request.step,
                 dropout_seed=step_seed(state.config.seed, request.step, "dropout-top"),
+                privacy=state.privacy,
             )
         except DivergedError as exc:
             raise ProblemError(
@@ -201,13 +207,12 @@ class Steps:
                 applied_step=state.step,
             ) from None
         computed = time.perf_counter()
-        grad = outcome.grad.numpy()  # (rows, d) d loss / d z~
-        defended = grad  # label-privacy defences of the run transform the gradient here
+        # the reply: the defended (rows, d) d loss / d z~, and what the metrics policy shows
         response = downlink.step_response(
             step=request.step,
-            loss=outcome.loss,
-            step_metrics=outcome.metrics,
-            grad=defended,
+            loss=reply.loss,
+            step_metrics=reply.metrics,
+            grad=reply.grad.numpy(),
             downlink=downlink.run_downlink(state.config.downlink),
             run_seed=state.config.seed,
             metrics=self._metrics,

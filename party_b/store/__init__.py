@@ -18,6 +18,7 @@ from party_b.store.checkpoints import (
 from party_b.store.engine import copy_database, make_engine, make_session_factory
 from party_b.store.queries import (
     add_run,
+    add_run_privacy,
     count_open_runs,
     eval_results,
     log_evaluation,
@@ -25,6 +26,7 @@ from party_b.store.queries import (
     owned_run,
     psi_key,
     run_created_with_key,
+    run_privacy,
     runs_in_status,
     runs_of,
     step_log,
@@ -38,6 +40,7 @@ from party_b.store.tables import (
     PsiKey,
     RevokedToken,
     Run,
+    RunPrivacy,
     StepLog,
 )
 from party_b.store.tokens import (
@@ -57,9 +60,11 @@ __all__ = [
     "PsiKey",
     "RevokedToken",
     "Run",
+    "RunPrivacy",
     "StepLog",
     "active_tokens",
     "add_run",
+    "add_run_privacy",
     "all_tokens",
     "checkpoint_steps",
     "copy_database",
@@ -75,6 +80,7 @@ __all__ = [
     "psi_key",
     "revoked_hash",
     "run_created_with_key",
+    "run_privacy",
     "runs_in_status",
     "runs_of",
     "save_checkpoint",

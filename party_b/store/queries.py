@@ -13,10 +13,11 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from party_b.store.tables import EvalResult, IdempotencyKey, PsiKey, Run, StepLog
+from party_b.store.tables import EvalResult, IdempotencyKey, PsiKey, Run, RunPrivacy, StepLog
 
 __all__ = [
     "add_run",
+    "add_run_privacy",
     "count_open_runs",
     "eval_results",
     "log_evaluation",
@@ -24,6 +25,7 @@ __all__ = [
     "owned_run",
     "psi_key",
     "run_created_with_key",
+    "run_privacy",
     "runs_in_status",
     "runs_of",
     "step_log",
@@ -73,6 +75,17 @@ def add_run(session: Session, run: Run, idempotency_key: str | None) -> None:
     if idempotency_key is not None:
         session.flush()  # the run row first: the key refers to it
         session.add(IdempotencyKey(owner_id=run.owner_id, key=idempotency_key, run_id=run.id))
+
+
+def add_run_privacy(session: Session, run_id: str, policy: dict[str, Any], secret: bytes) -> None:
+    """Store the privacy policy and secret of a run added in this session (the unit of
+    work inserts the run row first: the policy refers to it)."""
+    session.add(RunPrivacy(run_id=run_id, policy=policy, secret=secret))
+
+
+def run_privacy(session: Session, run_id: str) -> RunPrivacy | None:
+    """The run's privacy row; None for a run created before policies existed."""
+    return session.get(RunPrivacy, run_id)
 
 
 # --------------------------------------------------------------------------------- logs

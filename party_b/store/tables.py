@@ -21,6 +21,7 @@ __all__ = [
     "PsiKey",
     "RevokedToken",
     "Run",
+    "RunPrivacy",
     "StepLog",
 ]
 
@@ -180,3 +181,18 @@ class PsiKey(Base):
     dataset_version: Mapped[str] = mapped_column(String(32), unique=True)
     private_key: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
+
+
+class RunPrivacy(Base):
+    """The label-privacy policy party B gave a run at creation, and the run's secret for its
+    random draws (``party_b.privacy``). Kept with the run so that the run trains under the
+    same policy after a restart, whatever the operator's switch says by then; a run without
+    a row was created before policies existed and trains as ``off``. The secret is as secret
+    as the labels: with it party A could regenerate the gradient noise.
+    """
+
+    __tablename__ = "run_privacy"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    policy: Mapped[dict[str, Any]] = mapped_column(JSON)
+    secret: Mapped[bytes] = mapped_column(LargeBinary)

@@ -20,6 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from party_b.privacy import METRICS_POLICIES, PrivacyPolicy
+from party_b.privacy.defences import visible_metrics
+from shared import codec
 from shared.alignment import hmac_ids, order_by_raw_id
 from shared.schedule import (
     ClientBatches,
@@ -356,6 +361,35 @@ def downlink_cases() -> tuple[str, str, list[Case]]:
     return "Compressed gradients", about, cases
 
 
+def step_reply_cases() -> tuple[str, str, list[Case]]:
+    about = (
+        "One StepResponse as party B encodes it under each metrics policy of a run (all, "
+        "loss, none): the loss l (null: NaN on the wire) and metrics m it carries, and the "
+        "whole message as hex. The gradient is the same in every case."
+    )
+    grad = np.array([[0.5, -0.25, 1.0], [-0.125, 2.0, 0.0]], dtype=np.float32)
+    loss, metrics = 0.6931471805599453, {"n": 2.0, "accuracy": 0.5}
+    cases = []
+    for policy in METRICS_POLICIES:
+        shown_loss, shown = visible_metrics(loss, metrics, PrivacyPolicy(metrics=policy))
+        message = codec.StepResponse(step=7, loss=shown_loss, metrics=shown, grad=grad)
+        given = {
+            "metrics_policy": policy,
+            "step": 7,
+            "loss": loss,
+            "metrics": metrics,
+            "grad": grad.tolist(),
+            "grad_dtype": "f4",
+        }
+        output = {
+            "l": shown_loss if np.isfinite(shown_loss) else None,
+            "m": shown,
+            "message": codec.encode_step_response(message).hex(),
+        }
+        cases.append(_case(f"metrics={policy}", given, output))
+    return "What a step reply carries", about, cases
+
+
 TOPICS: dict[str, Topic] = {
     "hmac": hmac_cases,
     "sha_order": sha_order_cases,
@@ -367,6 +401,7 @@ TOPICS: dict[str, Topic] = {
     "steps": steps_cases,
     "eval_digest": eval_digest_cases,
     "downlink": downlink_cases,
+    "step_reply": step_reply_cases,
 }
 # Topics specified outside section 9 (Derived values): the part of PROTOCOL.md that holds them.
 PARTS = {"downlink": "Messages"}

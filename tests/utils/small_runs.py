@@ -18,6 +18,7 @@ from api_schemas import RunCreate
 from party_b import auth
 from party_b.labels import LabelSource, load_label_table
 from party_b.metrics import Metrics
+from party_b.privacy import PrivacyPolicy
 from party_b.service import Caller, RunService
 from party_b.settings import Limits
 from party_b.store import make_engine, make_session_factory
@@ -148,9 +149,13 @@ class SmallPartyB:
     caller: Caller  # TOKEN's
     other: Caller  # OTHER's
 
-    def service(self) -> RunService:
+    def service(self, privacy: PrivacyPolicy | None = None) -> RunService:
         return RunService(
-            sessions=self.sessions, labels=self.labels, limits=Limits(), metrics=Metrics()
+            sessions=self.sessions,
+            labels=self.labels,
+            limits=Limits(),
+            metrics=Metrics(),
+            privacy=privacy,
         )
 
 
