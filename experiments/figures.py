@@ -605,10 +605,12 @@ def main(argv: list[str] | None = None) -> int:
         vertical()
         headline()
         if (RESULTS / "femnist_headline").exists():
-            from experiments.headline import headline_curves, lambda_column
+            from experiments.headline import downlink_table, headline_curves, lambda_column
 
             headline_curves()
             lambda_column()
+            if (RESULTS / "femnist_downlink").exists():
+                downlink_table()
         http_checks()
         raw_eval()
         sweep_table()

@@ -11,8 +11,10 @@ that a reader can tell a drop from seed noise.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -23,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from experiments.figures import FIGURES, _records, _save, _write_table  # noqa: E402
 from experiments.sweep import RESULTS  # noqa: E402
 
-__all__ = ["headline_curves", "lambda_column", "relative_drops"]
+__all__ = ["downlink_table", "headline_curves", "lambda_column", "relative_drops"]
 
 SWEEP = "femnist_headline"
 LAMBDA_STEP = 1000  # the grid's length: the lambda column is compared at this step
@@ -151,6 +153,49 @@ def lambda_column() -> None:
     _write_table("lambda_femnist", lines)
 
 
+# SplitFed's FEMNIST step both ways, measured on the wire by `python -m benchmarks.traffic`
+# (its runs keep wire_bytes_received; the headline runs predate that count)
+SPLITFED_TRAFFIC = (
+    Path(__file__).resolve().parents[1]
+    / "benchmarks/results/traffic-runs/femnist-splitfed-lr0.1-s0-T150.json"
+)
+
+
+def downlink_table() -> None:
+    """The ``femnist_downlink`` runs (headline FedLite, seed 0, a compressed downlink) against
+    SplitFed seed 0 of the headline pair: measured bytes per step both ways and accuracy."""
+    runs = _records("femnist_downlink") if (RESULTS / "femnist_downlink").exists() else []
+    if not runs:
+        raise SystemExit("no femnist_downlink records yet")
+    headline = [r for r in _records(SWEEP) if r["config"]["seed"] == 0]
+    base = next(r for r in headline if r["config"]["method"] == "splitfed")
+    plain = next(r for r in headline if r["config"]["method"] == "fedlite")
+    sf = json.loads(SPLITFED_TRAFFIC.read_text())
+    sf_total = (sf["wire_bytes"] + sf["wire_bytes_received"]) / sf["steps"]
+    base_acc = base["final"]["eval_accuracy"]
+    lines = [
+        f"SplitFed seed 0 after {base['steps']} steps: {base_acc:.4f}; SplitFed's step both ways: "
+        f"{sf_total:,.0f} B (measured over the {sf['steps']} steps of `benchmarks.traffic`).",
+        "",
+        "| downlink | uplink B/step | downlink B/step | less than SplitFed, both ways | accuracy "
+        "| relative drop |",
+        "|---|---|---|---|---|---|",
+        f"| float32 (the paper's) | {plain['wire_bytes'] / plain['steps']:,.0f} | "
+        f"≈ SplitFed's | 2.0× (docs/PERFORMANCE.md) | {plain['final']['eval_accuracy']:.4f} | "
+        f"{100 * (1 - plain['final']['eval_accuracy'] / base_acc):.1f} % |",
+    ]
+    for r in runs:
+        up, down = r["wire_bytes"] / r["steps"], r["wire_bytes_received"] / r["steps"]
+        acc = r["final"]["eval_accuracy"]
+        lines.append(
+            f"| {r['config']['downlink']} | {up:,.0f} | {down:,.0f} | "
+            f"**{sf_total / (up + down):.1f}×** | {acc:.4f} | {100 * (1 - acc / base_acc):.1f} % |"
+        )
+    _write_table("downlink_femnist", lines)
+
+
 if __name__ == "__main__":
     headline_curves()
     lambda_column()
+    if (RESULTS / "femnist_downlink").exists():
+        downlink_table()
