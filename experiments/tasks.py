@@ -467,9 +467,8 @@ def _zscore_on(x: np.ndarray, ids: list[str], fit_ids: set[str]) -> np.ndarray:
     whole-table z-scores on the training rows equals fitting the raw columns on them."""
     fit = x[[i in fit_ids for i in ids]]
     std = fit.std(axis=0, keepdims=True)
-    return ((x - fit.mean(axis=0, keepdims=True)) / np.where(std > 0, std, 1.0)).astype(
-        np.float32
-    )
+    z: np.ndarray = (x - fit.mean(axis=0, keepdims=True)) / np.where(std > 0, std, 1.0)
+    return z.astype(np.float32)
 
 
 def breast(**options: Any) -> TaskData:

@@ -26,13 +26,15 @@ def haiku_lstm_init_(lstm: nn.LSTM) -> nn.LSTM:
         raise ValueError("haiku_lstm_init_ takes a one-layer, one-way LSTM with biases")
     hidden = lstm.hidden_size
     std = (lstm.input_size + hidden) ** -0.5
-    for weight in (lstm.weight_ih_l0, lstm.weight_hh_l0):
+    for name in ("weight_ih_l0", "weight_hh_l0"):
+        weight = lstm.get_parameter(name)
         nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-2.0 * std, b=2.0 * std)
+    bias, second = lstm.get_parameter("bias_ih_l0"), lstm.get_parameter("bias_hh_l0")
     with torch.no_grad():
-        lstm.bias_ih_l0.zero_()
-        lstm.bias_ih_l0[hidden : 2 * hidden] = 1.0  # the forget gate's +1
-        lstm.bias_hh_l0.zero_()
-    lstm.bias_hh_l0.requires_grad_(False)
+        bias.zero_()
+        bias[hidden : 2 * hidden] = 1.0  # the forget gate's +1
+        second.zero_()
+    second.requires_grad_(False)
     return lstm
 
 
