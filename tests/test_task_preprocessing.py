@@ -17,6 +17,8 @@ from experiments.tasks import (
     load_task,
     so_bag_of_words,
 )
+from party_b.labels import LabelTable
+from shared.schedule import SCHEDULE_VERSION, split_train_eval
 from shared.training import make_optimizer
 from tests.utils.data import shared_data
 
@@ -113,3 +115,26 @@ def test_shakespeare_targets_shift_inputs_and_carry_what_accuracy_masks() -> Non
     assert task.labels.accuracy_excludes == (EOS,)
     legacy = load_task("shakespeare", max_clients=3, vocab_words=100, hidden=8, accuracy="legacy")
     assert legacy.labels.accuracy_excludes == (OOV,) and legacy.labels.prediction_excludes == ()
+
+
+def test_fate_standardization_refit_on_the_runs_training_rows() -> None:
+    """standardize="train": both parties' columns have mean 0 / std 1 over exactly the rows a
+    run with that seed trains on (aligned = sorted common ids, split_train_eval)."""
+    shared_data("fate_hetero", "breast_hetero_host.csv.gz")
+    task = load_task("breast", standardize="train", split_seed=3, eval_fraction=0.2)
+    whole = load_task("breast")
+    aligned = sorted(set(task.features.ids) & set(task.labels.ids))
+    train_pos, eval_pos = split_train_eval(
+        len(aligned), seed=3, eval_fraction=0.2, version=SCHEDULE_VERSION
+    )
+    train = {aligned[p] for p in train_pos}
+    assert isinstance(task.labels, LabelTable) and isinstance(whole.labels, LabelTable)
+
+    for x, ids in ((task.features.x, task.features.ids), (task.labels.features, task.labels.ids)):
+        rows = np.array([i in train for i in ids])
+        assert len(eval_pos) > 0 and not rows.all()
+        np.testing.assert_allclose(x[rows].mean(0), 0.0, atol=1e-5)
+        np.testing.assert_allclose(x[rows].std(0), 1.0, atol=1e-4)
+        assert np.abs(x[~rows].mean(0)).max() > 1e-3  # the held-out rows are not fitted
+    # the whole-table default is the product loaders' behaviour
+    np.testing.assert_allclose(whole.features.x.mean(0), 0.0, atol=1e-5)
