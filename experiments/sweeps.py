@@ -182,19 +182,25 @@ SO_TAG = RunConfig(
     steps=SO_STEPS,
     batch_size=100,  # per client (paper: B = 100)
     clients_per_step=10,  # paper: 10
-    # The paper's setting after the audit: term-frequency bag of words (the task's default),
-    # Haiku's init (the model's), FedJAX's AdaGrad at the paper's 10^-0.5.
-    lr_bottom=SO_PAPER_LR,
-    lr_top=SO_PAPER_LR,
+    # The paper's features (term-frequency bag, the task's default) and init (Haiku's, the
+    # model's). Its optimizer, FedJAX's AdaGrad at 10^-0.5, stays at the tag-frequency
+    # baseline (Recall@5 0.40) for 240 steps on our loss (BCE averaged over the tags), and so
+    # does it on a loss summed over the tags (0.44); torch's AdaGrad at 0.01 learns (0.622),
+    # docs/AUDIT.md. The sweep keeps the rate that learns and re-runs the paper's as a check.
+    lr_bottom=0.01,
+    lr_top=0.01,
     optimizer="adagrad",
-    optimizer_options=FEDJAX_ADAGRAD,
     eval_every=40,
 )
 
 
 def so_tag_full() -> list[Job]:
     """SplitFed, then the q x L x lambda grid (the paper's lambda range), most informative
-    first: L = 100 (its largest) at lambda 0 on three q, then the rest."""
+    first: L = 100 (its largest) at lambda 0 on three q, then the rest; last the paper's
+    optimizer as a side check.
+
+    The records of the pre-audit sweep (binary bag, torch init) sit in results/so_tag under
+    the same keys: move them aside before re-running, or the sweep skips these runs."""
     runs: list[Job] = [SO_TAG]
     runs += _grid(SO_TAG, [250, 125, 25], [100], [0.0])
     runs += [
@@ -202,6 +208,9 @@ def so_tag_full() -> list[Job]:
         for job in _grid(SO_TAG, [250, 125, 25], [100, 10], [0.0, 1e-3, 1e-2])
         if job not in runs
     ]
+    runs.append(
+        replace(SO_TAG, lr_bottom=SO_PAPER_LR, lr_top=SO_PAPER_LR, optimizer_options=FEDJAX_ADAGRAD)
+    )
     return runs
 
 
@@ -242,7 +251,10 @@ def shakespeare_full() -> list[Job]:
 
     lambda's units here: party B's loss is the mean over tokens, FedJAX's a sum over each
     sentence's tokens averaged over sentences, so the paper's lambda is ours times the tokens
-    per sequence (~30): 1e-3 and 1e-2 here are the paper's ~0.03 and ~0.3."""
+    per sequence (~30): 1e-3 and 1e-2 here are the paper's ~0.03 and ~0.3.
+
+    The pre-audit records (torch model, old accuracy) sit in results/shakespeare under the same
+    keys: move them aside before re-running, or the sweep skips these runs."""
     runs: list[Job] = [SHAKESPEARE]
     runs += _grid(SHAKESPEARE, [12, 3, 48], [8], [0.0, 1e-3, 1e-2])
     runs += _grid(SHAKESPEARE, [12, 3, 48], [30], [0.0, 1e-3])
