@@ -78,6 +78,20 @@ class OptimizerSpec(_Strict):
     lr: float = Field(gt=0, le=100)
     momentum: float = Field(default=0.0, ge=0, lt=1, description="SGD only")
     weight_decay: float = Field(default=0.0, ge=0)
+    initial_accumulator: float = Field(
+        default=0.0,
+        ge=0,
+        le=100,
+        description="AdaGrad only: the sum of squared gradients starts here (torch 0, optax and "
+        "FedJAX 0.1)",
+    )
+    eps: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="AdaGrad only: added to the accumulator before the square root (optax's "
+        "placement); None = torch's 1e-10 added after it",
+    )
 
 
 class RunCreate(_Strict):

@@ -120,6 +120,7 @@ def run_fedavg(config: FedAvgConfig) -> dict[str, Any]:
         task=task.labels.task,
         seed=config.seed,
         accuracy_excludes=task.labels.accuracy_excludes,
+        prediction_excludes=task.labels.prediction_excludes,
     )
     rng = np.random.default_rng([config.seed, 0xFEDA6])
     curve: list[dict[str, Any]] = []

@@ -50,6 +50,9 @@ HTTP_TOKEN = "experiments-http-token-0123456789"
 EXPERIMENT_LIMITS = Limits(max_batch=1 << 20, max_aligned_ids=1 << 24)
 
 
+_SHORT = {"initial_accumulator": "acc"}  # optimizer option names in run keys
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One split-learning run (FedLite or SplitFed) of one task."""
@@ -72,6 +75,9 @@ class RunConfig:
     kmeans_iterations: int = 10
     use_side_features: bool = True
     task_options: dict[str, Any] = field(default_factory=dict)
+    # extra OptimizerSpec fields, both parties: FedJAX's AdaGrad is
+    # {"initial_accumulator": 0.1, "eps": 1e-6} (FEDJAX_ADAGRAD in experiments.sweeps)
+    optimizer_options: dict[str, Any] = field(default_factory=dict)
     transport: str = "inprocess"  # or "http"
     save_bottom: bool = False  # keep party A's trained bottom (<key>.bottom.pt) for Fig. 2
     eval_raw: bool = False  # also evaluate on unquantized activations (eval_raw_* fields)
@@ -84,7 +90,13 @@ class RunConfig:
         parts = [self.task, self.method]
         if self.method == "fedlite":
             parts += [f"q{self.q}", f"L{self.L}", f"R{self.R}", f"lam{self.lam:g}"]
-        parts += [f"lr{self.lr_bottom:.3g}", f"s{self.seed}", f"T{self.steps}"]
+        parts.append(f"lr{self.lr_bottom:.3g}")
+        if self.optimizer_options:  # e.g. "adagrad-acc0.1-eps1e-06"
+            opts = "-".join(
+                f"{_SHORT.get(k, k)}{v:g}" for k, v in sorted(self.optimizer_options.items())
+            )
+            parts.append(f"{self.optimizer}-{opts}")
+        parts += [f"s{self.seed}", f"T{self.steps}"]
         if self.downlink is not None:
             parts.append("dl-" + self.downlink.replace(":", "-").replace(",", "-"))
         if self.codebook_dtype != "float32":
@@ -97,7 +109,7 @@ class RunConfig:
 
     def party_a_config(self, task: TaskData) -> dict[str, Any]:
         """Dotted overrides for ``party_a.config.load_config``."""
-        optimizer: dict[str, Any] = {"name": self.optimizer}
+        optimizer: dict[str, Any] = {"name": self.optimizer, **self.optimizer_options}
         overrides: dict[str, Any] = {
             "run.name": self.key,
             "run.model": task.model,

@@ -8,7 +8,7 @@ synthetic Stack Overflow client), which the 'clients' batch schedule needs.
 | task          | party A (features)                 | party B (labels)                          |
 |---------------|------------------------------------|-------------------------------------------|
 | femnist       | 28x28 images, ink 1 on background 0| 62 classes                                |
-| so_tag        | binary bag of words of the title   | 100 tags, multi-hot (Recall@5)            |
+| so_tag        | term frequencies of the title words| 100 tags, multi-hot (Recall@5)            |
 | shakespeare   | 30 word ids per sequence           | the next word of each position (-100 pad) |
 | breast        | FATE breast_hetero host columns    | FATE guest: label + its own 10 columns    |
 | default_credit| FATE default_credit host columns   | FATE guest: label + its own 13 columns    |
@@ -27,7 +27,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +38,7 @@ from torch import Tensor
 
 from party_a.features import FeatureTable, load_features
 from party_b.labels import LabelSource, load_label_table
+from shared.schedule import SCHEDULE_VERSION, split_train_eval
 
 __all__ = [
     "ClassLabels",
@@ -77,6 +78,7 @@ class ClassLabels:
     task: Literal["classification"] = "classification"
     side_width: int = 0
     accuracy_excludes: tuple[int, ...] = ()
+    prediction_excludes: tuple[int, ...] = ()
 
     @property
     def ids(self) -> list[str]:
@@ -103,6 +105,7 @@ class TagLabels:
     task: Literal["multilabel"] = "multilabel"
     side_width: int = 0
     accuracy_excludes: tuple[int, ...] = ()
+    prediction_excludes: tuple[int, ...] = ()
 
     @property
     def ids(self) -> list[str]:
@@ -127,8 +130,12 @@ class TagLabels:
 class TokenLabels:
     """The next token of every position: targets (n * T,) int64, row-major, -100 = padding.
 
-    Out-of-vocabulary targets stay in the loss (the model learns to predict OOV) but are left
-    out of accuracy, as in the paper's Stack Overflow next-word task.
+    The loss counts every non-padding target, OOV and EOS included (FedJAX's ``train_loss``
+    masks padding only). Accuracy by default is FedJAX's ``accuracy_in_vocab`` of the paper's
+    Stack Overflow next-word model: EOS targets (and padding) left out, the argmax taken with
+    pad / oov / bos / eos masked, so an OOV target always counts as a mistake. The pre-audit
+    accuracy (``accuracy_excludes=(OOV,)``, no prediction mask) left OOV targets out and
+    scored EOS.
     """
 
     row_ids: list[str]
@@ -137,7 +144,8 @@ class TokenLabels:
     row_groups: list[str] | None = None
     task: Literal["sequence"] = "sequence"
     side_width: int = 0
-    accuracy_excludes: tuple[int, ...] = (OOV,)
+    accuracy_excludes: tuple[int, ...] = (EOS,)
+    prediction_excludes: tuple[int, ...] = (PAD, OOV, BOS, EOS)
 
     @property
     def ids(self) -> list[str]:
@@ -242,27 +250,56 @@ def femnist(*, max_clients: int | None = None) -> TaskData:
 _SO_TOKEN = re.compile(r"[a-z0-9#+.]+")
 
 
+def so_bag_of_words(
+    docs: list[list[str]], vocab_size: int, *, binary: bool = False
+) -> tuple[np.ndarray, dict[str, int]]:
+    """(n, |vocab|) float32 bags of ``docs`` (token lists) and the vocabulary {word: column}.
+
+    The vocabulary is the ``vocab_size`` most frequent words over all docs (ties: first seen).
+    Not binary: x[i, w] = count of w in doc i / len(doc i) -- TFF's ``reduce_mean`` of one-hot
+    rows over a vocabulary plus one OOV column that is then dropped, so OOV words count in the
+    denominator. An empty doc is all zeros. Binary: x[i, w] = 1 if w occurs in doc i.
+    """
+    counts = Counter(w for doc in docs for w in doc)
+    vocab = {w: i for i, (w, _) in enumerate(counts.most_common(vocab_size))}
+    x = np.zeros((len(docs), len(vocab)), dtype=np.float32)
+    for row, doc in enumerate(docs):
+        cols = [vocab[w] for w in doc if w in vocab]
+        if binary:
+            x[row, cols] = 1.0
+        elif doc:
+            np.add.at(x[row], cols, np.float32(1.0 / len(doc)))
+    return x, vocab
+
+
 def so_tag(
     *,
     vocab_size: int = 1000,
     cut_dim: int = 2000,
     client_rows: int = 125,
     max_clients: int | None = None,
+    bag: Literal["frequency", "binary"] = "frequency",
 ) -> TaskData:
-    """Stack Overflow titles -> 100 tags. Binary bag of the ``vocab_size`` most frequent title
-    words (document frequency over all 30,000 rows); the data has no users, so clients are a
-    synthetic IID partition into groups of ``client_rows`` rows (seeded)."""
+    """Stack Overflow titles -> 100 tags; the data has no users, so clients are a synthetic IID
+    partition into groups of ``client_rows`` rows (seeded).
+
+    Features: the bag of words of the title over the ``vocab_size`` most frequent title words
+    (occurrences over all 30,000 rows). ``bag="frequency"`` is the paper's (TFF's / FedJAX's
+    Stack Overflow tag preprocessing): each word's count divided by the number of words of
+    the title, out-of-vocabulary words included in that number, so a row sums to the share of
+    in-vocabulary words (<= 1). ``bag="binary"`` is the 0/1 bag the experiments used before
+    the audit (docs/AUDIT.md).
+    """
+    if bag not in ("frequency", "binary"):
+        raise ValueError(f"bag must be 'frequency' or 'binary', got {bag!r}")
     df = pd.read_csv(
         data_dir() / "stackoverflow_tags_hse" / "validation.tsv.gz",
         sep="\t",
         keep_default_na=False,
     )
-    words = [sorted(set(_SO_TOKEN.findall(t.lower()))) for t in df["title"]]
-    counts = Counter(w for ws in words for w in ws)
-    vocab = {w: i for i, (w, _) in enumerate(counts.most_common(vocab_size))}
-    bag = np.zeros((len(df), len(vocab)), dtype=np.uint8)
-    for row, ws in enumerate(words):
-        bag[row, [vocab[w] for w in ws if w in vocab]] = 1
+    x, vocab = so_bag_of_words(
+        [_SO_TOKEN.findall(t.lower()) for t in df["title"]], vocab_size, binary=bag == "binary"
+    )
     tag_lists = [ast.literal_eval(t) for t in df["tags"]]
     tag_names = sorted({t for ts in tag_lists for t in ts})
     tag_index = {t: i for i, t in enumerate(tag_names)}
@@ -281,17 +318,19 @@ def so_tag(
         model="so_tag",
         bottom={"vocab_size": len(vocab), "cut_dim": cut_dim},
         top={},
-        features=FeatureTable(ids=ids, x=bag[keep], columns=list(vocab), groups=groups),
+        features=FeatureTable(ids=ids, x=x[keep], columns=list(vocab), groups=groups),
         labels=TagLabels(row_ids=ids, tags=tags[keep], row_groups=groups),
         notes={
             "rows": len(ids),
             "clients": len(set(groups)),
             "vocab": len(vocab),
             "tags": len(tag_names),
+            "bag": bag,
         },
     )
 
 
+_LEGACY_ACCURACY: dict[str, Any] = {"accuracy_excludes": (OOV,), "prediction_excludes": ()}
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?|[.,!?;:]")
 
 
@@ -301,6 +340,7 @@ def shakespeare(
     seq_len: int = 30,
     hidden: int = 256,
     max_clients: int | None = None,
+    accuracy: Literal["fedjax", "legacy"] = "fedjax",
 ) -> TaskData:
     """Federated Shakespeare (TFF), word-level next-token prediction; clients = speaking roles.
 
@@ -309,7 +349,11 @@ def shakespeare(
     of ``seq_len`` + 1 tokens (the last one padded). Input: the first ``seq_len`` tokens;
     target: the next token of each position, -100 where the input is padding. Vocabulary: the
     ``vocab_words`` most frequent words over the train file, plus pad / oov / bos / eos.
+    ``accuracy``: "fedjax" is FedJAX's accuracy_in_vocab (``TokenLabels``); "legacy" the
+    experiments' accuracy before the audit (OOV targets left out, EOS scored, no mask).
     """
+    if accuracy not in ("fedjax", "legacy"):
+        raise ValueError(f"accuracy must be 'fedjax' or 'legacy', got {accuracy!r}")
     root = data_dir() / "shakespeare_tff"
     streams: dict[str, list[str]] = {}
     train_counts: Counter[str] = Counter()
@@ -351,14 +395,40 @@ def shakespeare(
             ids=ids, x=np.stack(inputs), columns=[f"t{i}" for i in range(seq_len)], groups=groups
         ),
         labels=TokenLabels(
-            row_ids=ids, next_tokens=np.stack(targets), vocab_size=vocab_size, row_groups=groups
+            row_ids=ids,
+            next_tokens=np.stack(targets),
+            vocab_size=vocab_size,
+            row_groups=groups,
+            **({} if accuracy == "fedjax" else _LEGACY_ACCURACY),
         ),
-        notes={"rows": len(ids), "clients": len(clients), "vocab": vocab_size, "seq_len": seq_len},
+        notes={
+            "rows": len(ids),
+            "clients": len(clients),
+            "vocab": vocab_size,
+            "seq_len": seq_len,
+            "accuracy": accuracy,
+        },
     )
 
 
-def _fate(pair: str, *, hidden: int = 64, cut_dim: int = 32) -> TaskData:
-    """FATE's hetero pair read by the product's own loaders: guest = party B, host = party A."""
+def _fate(
+    pair: str,
+    *,
+    hidden: int = 64,
+    cut_dim: int = 32,
+    standardize: Literal["all", "train"] = "all",
+    split_seed: int = 0,
+    eval_fraction: float = 0.2,
+) -> TaskData:
+    """FATE's hetero pair read by the product's own loaders: guest = party B, host = party A.
+
+    Both loaders z-score every column over the whole table, the held-out rows included (the
+    product's behaviour, docs/AUDIT.md). ``standardize="train"`` refits both parties' columns
+    on the training rows only: the rows that a run with seed ``split_seed`` and
+    ``eval_fraction`` trains on (aligned order = sorted common ids, ``split_train_eval``).
+    """
+    if standardize not in ("all", "train"):
+        raise ValueError(f"standardize must be 'all' or 'train', got {standardize!r}")
     root = data_dir() / "fate_hetero"
     labels = load_label_table(
         root / f"{pair}_hetero_guest.csv.gz", id_column="id", label_column="y", feature_columns=None
@@ -366,6 +436,14 @@ def _fate(pair: str, *, hidden: int = 64, cut_dim: int = 32) -> TaskData:
     features = load_features(
         root / f"{pair}_hetero_host.csv.gz", id_column="id", feature_columns=None, standardize=True
     )
+    if standardize == "train":
+        aligned = sorted(set(features.ids) & set(labels.ids))
+        train_pos, _ = split_train_eval(
+            len(aligned), seed=split_seed, eval_fraction=eval_fraction, version=SCHEDULE_VERSION
+        )
+        train_ids = {aligned[p] for p in train_pos}
+        features = replace(features, x=_zscore_on(features.x, features.ids, train_ids))
+        labels = replace(labels, features=_zscore_on(labels.features, labels.ids, train_ids))
     return TaskData(
         name=pair,
         model="tabular_mlp",
@@ -377,8 +455,20 @@ def _fate(pair: str, *, hidden: int = 64, cut_dim: int = 32) -> TaskData:
             "rows": len(features.ids),
             "host_features": int(features.x.shape[1]),
             "guest_features": labels.side_width,
+            "standardize": standardize,
         },
     )
+
+
+def _zscore_on(x: np.ndarray, ids: list[str], fit_ids: set[str]) -> np.ndarray:
+    """``x`` (n, k) z-scored with the mean / std of the rows whose id is in ``fit_ids``.
+
+    z-scoring is invariant to a positive affine map of a column, so refitting the loaders'
+    whole-table z-scores on the training rows equals fitting the raw columns on them."""
+    fit = x[[i in fit_ids for i in ids]]
+    std = fit.std(axis=0, keepdims=True)
+    z: np.ndarray = (x - fit.mean(axis=0, keepdims=True)) / np.where(std > 0, std, 1.0)
+    return z.astype(np.float32)
 
 
 def breast(**options: Any) -> TaskData:

@@ -48,7 +48,14 @@ class LabelSource(Protocol):
 
     @property
     def accuracy_excludes(self) -> tuple[int, ...]:
-        """Target classes left out of accuracy but kept in the loss (e.g. out-of-vocabulary)."""
+        """Target classes left out of accuracy but kept in the loss (e.g. end of sentence)."""
+        ...
+
+    @property
+    def prediction_excludes(self) -> tuple[int, ...]:
+        """Classes accuracy never predicts: their logits are masked before the argmax (FedJAX's
+        ``logits_mask``: pad, bos, eos and oov on Stack Overflow next-word). Targets in this set
+        that are not in ``accuracy_excludes`` count as mistakes (an OOV target)."""
         ...
 
     def targets(self, rows: np.ndarray) -> Tensor:
@@ -87,6 +94,10 @@ class LabelTable:
 
     @property
     def accuracy_excludes(self) -> tuple[int, ...]:
+        return ()
+
+    @property
+    def prediction_excludes(self) -> tuple[int, ...]:
         return ()
 
     @property

@@ -65,9 +65,11 @@ class TopTrainer:
         task: Task,
         seed: int,
         accuracy_excludes: tuple[int, ...] = (),
+        prediction_excludes: tuple[int, ...] = (),
     ) -> None:
         """``accuracy_excludes``: target classes that count in the loss but not in accuracy
-        (the out-of-vocabulary token of a next-token task)."""
+        (end of sentence, in FedJAX's next-word accuracy); ``prediction_excludes``: classes
+        accuracy's argmax never picks (pad, oov, bos, eos there)."""
         self.model = build_seeded(lambda: build_top(model, cut_dim=cut_dim, **top_kwargs), seed)
         if any(True for _ in self.model.buffers()):
             # e.g. BatchNorm's running statistics: compute_step would change them
@@ -76,6 +78,7 @@ class TopTrainer:
         self.task = task
         self.cut_dim = cut_dim
         self.accuracy_excludes = torch.tensor(accuracy_excludes, dtype=torch.int64)
+        self.prediction_excludes = torch.tensor(prediction_excludes, dtype=torch.int64)
         self._computed = False  # compute_step ran and apply_step has not yet
 
     # ------------------------------------------------------------------ training
@@ -197,5 +200,7 @@ class TopTrainer:
             mask &= ~torch.isin(targets, self.accuracy_excludes)
         if not bool(mask.any()):
             return {"accuracy": float("nan")}
+        if len(self.prediction_excludes):
+            logits = logits.index_fill(1, self.prediction_excludes, float("-inf"))
         correct = (logits.argmax(1) == targets) & mask
         return {"accuracy": float(correct.sum()) / float(mask.sum())}

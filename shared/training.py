@@ -23,8 +23,37 @@ def make_optimizer(
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if name == "adagrad":
-        return torch.optim.Adagrad(params, lr=lr, weight_decay=weight_decay)
+        return _adagrad(params, lr, weight_decay, spec)
     raise ValueError(f"unknown optimizer {name!r}: use sgd, adam or adagrad")
+
+
+def _adagrad(
+    params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float, spec: dict[str, Any]
+) -> torch.optim.Optimizer:
+    """torch's AdaGrad, or optax's (FedJAX's) when the spec says so.
+
+    torch: x -= lr * g / (sqrt(acc) + 1e-10), acc starting at ``initial_accumulator`` (0 by
+    default: the first step moves every weight by lr * sign(g), whatever the gradient's size).
+    optax / FedJAX (``fedjax.optimizers.adagrad``: accumulator 0.1, eps 1e-6):
+    x -= lr * g / sqrt(acc + eps). With ``eps`` given, the eps goes inside the root as optax
+    puts it; torch's own eps (after the root) is then 0.
+    """
+    initial = float(spec.get("initial_accumulator", 0.0))
+    eps = spec.get("eps")
+    if eps is None:
+        return torch.optim.Adagrad(
+            params, lr=lr, weight_decay=weight_decay, initial_accumulator_value=initial
+        )
+    # sqrt(acc + eps) == sqrt(acc') with acc' = acc + eps from the start: torch accumulates
+    # g^2 onto its state, so starting it at initial + eps (and adding nothing after the root)
+    # is optax's update exactly.
+    return torch.optim.Adagrad(
+        params,
+        lr=lr,
+        weight_decay=weight_decay,
+        initial_accumulator_value=initial + float(eps),
+        eps=0.0,
+    )
 
 
 def state_to_bytes(state: dict[str, Any]) -> bytes:

@@ -333,6 +333,11 @@ def test_a_stalled_upload_does_not_block_other_callers(
             {"optimizer": {"name": "sgd", "lr": 0.1, "weight_decay": float("inf")}},
             "invalid-request",
         ),
+        (
+            {"optimizer": {"name": "adagrad", "lr": 0.1, "initial_accumulator": -1.0}},
+            "invalid-request",
+        ),
+        ({"optimizer": {"name": "adagrad", "lr": 0.1, "eps": 0.0}}, "invalid-request"),
         ({"top": {"hidden": [8], "dropout": float("nan")}}, "invalid-request"),
         ({"seed": 2**63}, "invalid-request"),
     ],

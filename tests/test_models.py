@@ -92,12 +92,58 @@ def test_next_token_top_parameter_count_matches_paper_appendix() -> None:
     assert n_params(top) == 970_388  # Dense(96 → 10,004)
 
 
-def test_next_token_bottom_is_keras_count_plus_torch_second_lstm_bias() -> None:
+def test_next_token_bottom_trains_haikus_parameter_count() -> None:
+    """hk.LSTM has one bias per gate; torch's second one is there but frozen."""
     bottom = build_bottom("next_token_lstm")
 
-    keras_count = 10_004 * 96 + 4 * 670 * (96 + 670 + 1) + (670 * 96 + 96)
-    assert keras_count == 3_080_360
-    assert n_params(bottom) == keras_count + 4 * 670
+    haiku_count = 10_004 * 96 + 4 * 670 * (96 + 670 + 1) + (670 * 96 + 96)
+    assert haiku_count == 3_080_360
+    assert sum(p.numel() for p in bottom.parameters() if p.requires_grad) == haiku_count
+
+
+def test_next_token_bottom_starts_as_haiku_lstm() -> None:
+    """FedJAX's model at init: forget-gate bias +1, other biases 0, weights truncated normal
+    with Haiku's stddevs (embedding 1, LSTM 1/sqrt(in + hidden), projection 1/sqrt(hidden))."""
+    bottom = build_bottom("next_token_lstm", vocab_size=500, embed_dim=96, hidden=670, cut_dim=96)
+    lstm = bottom.lstm
+    bias = lstm.bias_ih_l0.detach()
+
+    assert bias[670:1340].eq(1.0).all() and bias[:670].eq(0).all() and bias[1340:].eq(0).all()
+    assert lstm.bias_hh_l0.eq(0).all() and not lstm.bias_hh_l0.requires_grad
+    expected = {
+        "embedding.weight": 1.0,
+        "lstm.weight_ih_l0": (96 + 670) ** -0.5,
+        "lstm.weight_hh_l0": (96 + 670) ** -0.5,
+        "dense.weight": 670**-0.5,
+    }
+    for name, std in expected.items():
+        w = dict(bottom.named_parameters())[name].detach()
+        assert w.abs().max() <= 2 * std + 1e-6, name  # truncated at two stddevs
+        # the truncated normal's stddev is 0.88 of the untruncated one
+        assert float(w.std()) == pytest.approx(0.8796 * std, rel=0.05), name
+    assert bottom.dense.bias.eq(0).all()
+
+
+def test_next_token_bottom_squashes_the_lstm_output_with_tanh() -> None:
+    """FedJAX's DeepRNN is [LSTM, tanh, Linear]: the cut is dense(tanh(h))."""
+    bottom = build_bottom("next_token_lstm", vocab_size=50, embed_dim=8, hidden=16, cut_dim=4)
+    x = torch.randint(0, 50, (3, 5))
+
+    h, _ = bottom.lstm(bottom.embedding(x))
+    expected = bottom.dense(torch.tanh(h)).reshape(-1, 4)
+
+    assert torch.equal(bottom(x), expected)
+
+
+def test_so_tag_starts_as_haiku_linear() -> None:
+    bottom = build_bottom("so_tag", vocab_size=1000, cut_dim=200)
+    top = build_top("so_tag", cut_dim=200, num_tags=100)
+
+    for layer, fan_in in ((bottom.dense, 1000), (top.net[0], 200)):
+        w = layer.weight.detach()
+        assert layer.bias.eq(0).all()
+        assert w.abs().max() <= 2 * fan_in**-0.5 + 1e-6
+        assert float(w.std()) == pytest.approx(0.8796 * fan_in**-0.5, rel=0.05)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,7 +169,7 @@ def test_default_sizes_give_flat_cut_and_logits(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
-def test_gradients_reach_every_parameter(name: str) -> None:
+def test_gradients_reach_every_trainable_parameter(name: str) -> None:
     bottom, top = build_pair(name)
     x, target = make_batch(name, *SMALL[name], b=4)
 
@@ -131,6 +177,9 @@ def test_gradients_reach_every_parameter(name: str) -> None:
 
     for module in (bottom, top):
         for pname, p in module.named_parameters():
+            if not p.requires_grad:  # next_token_lstm's frozen second LSTM bias
+                assert pname == "lstm.bias_hh_l0" and p.grad is None
+                continue
             assert p.grad is not None, pname
             assert p.grad.isfinite().all(), pname
             assert p.grad.abs().sum() > 0, pname

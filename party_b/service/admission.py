@@ -55,6 +55,7 @@ class Admission:
             task=self._labels.task,
             seed=spec.seed,
             accuracy_excludes=self._labels.accuracy_excludes,
+            prediction_excludes=self._labels.prediction_excludes,
         )
 
     def top_kwargs(self, spec: RunCreate) -> dict[str, Any]:

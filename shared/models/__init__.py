@@ -13,7 +13,7 @@ Registered pairs (defaults are the paper appendix's sizes, except ``tabular_mlp`
 - ``femnist_cnn`` (classification): Conv-Conv-MaxPool-Dropout-Flatten | Dense-Dropout-Dense
 - ``tabular_mlp`` (classification): MLP to the cut | MLP over [z̃, party B's side columns]
 - ``so_tag`` (multilabel): Dense(vocab → d) | Dense(d → tags)
-- ``next_token_lstm`` (sequence): Embedding-LSTM-Dense, one row per token | Dense(d → vocab)
+- ``next_token_lstm`` (sequence): Embedding-LSTM-tanh-Dense, one row per token | Dense(d → vocab)
 
 Kwargs are plain JSON values (ints, lists of ints) since party B reads them from a run config.
 ``build_bottom`` and ``cut_dim`` take the bottom's kwargs, ``build_top`` the top's kwargs plus
@@ -108,7 +108,7 @@ _SPECS: dict[str, _Spec] = {
         top_defaults={"num_tags": 1000},
         make_bottom=SoTagBottom,
         make_top=lambda cut_dim, num_tags: SequentialTop(
-            cut_dim, nn.Sequential(nn.Linear(cut_dim, num_tags))
+            cut_dim, haiku_init_(nn.Sequential(nn.Linear(cut_dim, num_tags)))
         ),
         cut_dim=lambda vocab_size, cut_dim: cut_dim,
         output_kwarg="num_tags",
@@ -120,7 +120,7 @@ _SPECS: dict[str, _Spec] = {
         top_defaults={"vocab_size": 10004},
         make_bottom=NextTokenBottom,
         make_top=lambda cut_dim, vocab_size: SequentialTop(
-            cut_dim, nn.Sequential(nn.Linear(cut_dim, vocab_size))
+            cut_dim, haiku_init_(nn.Sequential(nn.Linear(cut_dim, vocab_size)))
         ),
         cut_dim=lambda vocab_size, embed_dim, hidden, cut_dim: cut_dim,
         output_kwarg="vocab_size",

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.tasks import OOV, PAD, TagLabels, TokenLabels
+from experiments.tasks import BOS, EOS, OOV, PAD, TagLabels, TokenLabels
 from party_b.top import IGNORE, TopTrainer
 
 
@@ -77,7 +77,37 @@ def test_token_labels_flatten_row_major_with_padding_ignored() -> None:
     targets = labels.targets(np.array([1, 0]))
 
     assert targets.tolist() == [7, OOV, 8, 5, 6, IGNORE]
-    assert labels.accuracy_excludes == (OOV,) and PAD != IGNORE
+    assert PAD != IGNORE
+    assert labels.accuracy_excludes == (EOS,)  # FedJAX's accuracy_in_vocab
+    assert labels.prediction_excludes == (PAD, OOV, BOS, EOS)
+
+
+def test_sequence_accuracy_in_vocab_is_fedjaxs() -> None:
+    """FedJAX's accuracy_in_vocab: EOS and pad targets left out; pad / oov / bos / eos never
+    predicted (logits masked), so an OOV target is always a mistake; the loss keeps OOV and
+    EOS."""
+    top = TopTrainer(
+        model="next_token_lstm",
+        top_kwargs={"vocab_size": 7},
+        cut_dim=4,
+        optimizer={"name": "sgd", "lr": 0.1},
+        task="sequence",
+        seed=0,
+        accuracy_excludes=(EOS,),
+        prediction_excludes=(PAD, OOV, BOS, EOS),
+    )
+    logits = torch.full((6, 7), -5.0)
+    logits[:, 6] = 0.0  # the best in-vocabulary word of every row, unless another is higher
+    for row, predicted in enumerate([4, OOV, OOV, EOS, 5, 4]):
+        logits[row, predicted] = 5.0
+    # right; masked OOV -> 6 (right); OOV target (wrong); EOS target (out); wrong; pad (out)
+    targets = torch.tensor([4, 6, OOV, EOS, 4, IGNORE])
+
+    metrics = top._batch_metrics(logits, targets)
+    loss, n = top._loss(logits, targets)
+
+    assert metrics["accuracy"] == pytest.approx(2 / 4)
+    assert n == 5  # only padding is left out of the loss
 
 
 def test_tag_labels_are_float_multi_hot() -> None:
