@@ -199,8 +199,8 @@ def so_tag_full() -> list[Job]:
     first: L = 100 (its largest) at lambda 0 on three q, then the rest; last the paper's
     optimizer as a side check.
 
-    The records of the pre-audit sweep (binary bag, torch init) sit in results/so_tag under
-    the same keys: move them aside before re-running, or the sweep skips these runs."""
+    The records of the pre-audit sweep (binary bag, torch init) sit in results/so_tag-preaudit
+    (same keys: kept apart so that a rerun of this sweep does not skip its runs)."""
     runs: list[Job] = [SO_TAG]
     runs += _grid(SO_TAG, [250, 125, 25], [100], [0.0])
     runs += [
@@ -253,8 +253,8 @@ def shakespeare_full() -> list[Job]:
     sentence's tokens averaged over sentences, so the paper's lambda is ours times the tokens
     per sequence (~30): 1e-3 and 1e-2 here are the paper's ~0.03 and ~0.3.
 
-    The pre-audit records (torch model, old accuracy) sit in results/shakespeare under the same
-    keys: move them aside before re-running, or the sweep skips these runs."""
+    The pre-audit records (torch model, old accuracy) sit in results/shakespeare-preaudit
+    (same keys: kept apart so that a rerun of this sweep does not skip its runs)."""
     runs: list[Job] = [SHAKESPEARE]
     runs += _grid(SHAKESPEARE, [12, 3, 48], [8], [0.0, 1e-3, 1e-2])
     runs += _grid(SHAKESPEARE, [12, 3, 48], [30], [0.0, 1e-3])
