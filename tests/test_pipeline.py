@@ -101,6 +101,11 @@ def _bottom(trainer: PartyATrainer) -> str:
     return state_sha256(trainer.bottom.model.state_dict())
 
 
+def _evaluation(trainer: PartyATrainer) -> tuple[float, dict[str, float]]:
+    answer = trainer.evaluate()
+    return answer.loss, answer.metrics
+
+
 def test_needed_is_one_step_back_at_depth_one_and_drains_at_checkpoints() -> None:
     assert [needed(t, 1, 6) for t in range(1, 10)] == list(range(0, 9))
     # K = 3, checkpoints every 6: steps 7 and 8 wait for step 6, step 9 uses step 6 too
@@ -134,7 +139,7 @@ def test_a_pipelined_run_is_deterministic_and_differs_from_one_step_at_a_time(
     serial, _ = parties.train("k1", 1)
     assert _bottom(first) == _bottom(second)
     assert s1.last_loss == s2.last_loss
-    assert first.evaluate() == second.evaluate()
+    assert _evaluation(first) == _evaluation(second)
     assert _bottom(first) != _bottom(serial)  # the staleness is real, not a no-op
 
 
@@ -145,14 +150,14 @@ def test_steps_that_overtake_their_predecessor_are_resent_and_applied_once(
     reference, _ = parties.train("reference", 3)
     trainer = parties.trainer("overtaken", 3)
     assert isinstance(trainer.transport, _Transport)
-    trainer.transport.delay = {t: 0.05 for t in range(1, STEPS + 1, 2)}  # odd steps lag
+    trainer.transport.delay = dict.fromkeys(range(1, STEPS + 1, 2), 0.05)  # odd steps lag
     trainer.prepare()
     summary = trainer.train()
     assert summary.resent > 0
     assert summary.rollbacks == 0
     assert parties.applied(trainer) == list(range(1, STEPS + 1))
     assert _bottom(trainer) == _bottom(reference)
-    assert trainer.evaluate() == reference.evaluate()
+    assert _evaluation(trainer) == _evaluation(reference)
 
 
 @pytest.mark.parametrize("die_at", [9, 14])
@@ -177,5 +182,5 @@ def test_party_a_killed_with_steps_in_flight_resumes_bit_identically(
     assert summary.last_step == STEPS
     assert parties.applied(again) == list(range(1, STEPS + 1))
     assert _bottom(again) == _bottom(reference)
-    assert again.evaluate() == reference.evaluate()
+    assert _evaluation(again) == _evaluation(reference)
     assert threading.active_count() < 20  # sender threads end with their run
