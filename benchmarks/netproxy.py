@@ -75,6 +75,8 @@ async def _connection(
     finally:
         for w in (client_writer, server_writer):
             w.close()
+            with contextlib.suppress(OSError):
+                await w.wait_closed()
 
 
 async def serve(listen: tuple[str, int], target: tuple[str, int], delay: float) -> None:
