@@ -20,7 +20,10 @@ PipeDream rule, so an answer that arrives after K-1 other updates is still a tru
 Party B still applies steps strictly in order, each exactly once: a request that overtakes its
 predecessor on the way (separate connections) gets 409 step-out-of-order and changes nothing;
 party A resends it once the predecessor's answer is in (``TrainSummary.resent``). Any other
-disagreement drains the pipeline and reconciles as before (``PartyATrainer._reconcile``).
+disagreement drains the pipeline and reconciles as before (``PartyATrainer._reconcile``); an
+answer lost on the way after its successor was applied is such a case (party B keeps only
+the last answer), so after a reconciliation requests go one at a time until the next
+checkpoint, the forwards keeping their schedule.
 """
 
 import logging
@@ -54,7 +57,7 @@ def needed(step: int, depth: int, checkpoint_interval: int) -> int:
 @dataclass
 class _InFlight:
     pending: PendingStep
-    answer: "Future[bytes]"
+    answer: "Future[bytes] | None"  # None: not sent yet (one request at a time, see _Loop)
     started: float  # perf_counter() before the forward
 
 
@@ -67,6 +70,11 @@ class _Loop:
         self.pool = pool
         self.depth = trainer.config.run.pipeline_depth
         self.in_flight: deque[_InFlight] = deque()
+        # After a reconciliation, until the next checkpoint, requests go one at a time (the
+        # forwards keep their schedule, so nothing changes but the speed): with several in
+        # flight, an answer lost on the way while its successor is applied cannot be asked
+        # for again (party B keeps the last answer only) and costs a rollback each time.
+        self.cautious = False
 
     def run(self) -> None:
         trainer, run = self.trainer, self.trainer.config.run
@@ -90,6 +98,7 @@ class _Loop:
                 log.warning("party B is elsewhere (%s); reconciling", exc.detail)
                 trainer._reconcile(self.summary)
                 next_step = trainer.step + 1
+                self.cautious = self.depth > 1
                 continue
             except BatchMismatch as exc:
                 self._drain()
@@ -104,6 +113,8 @@ class _Loop:
             trainer._after_step(
                 head.pending, result, self.summary, time.perf_counter() - head.started
             )
+            if trainer.step % run.checkpoint_interval == 0:
+                self.cautious = False
 
     def _send(self, step: int) -> _InFlight:
         """Forward and encode ``step`` here (the model is touched by this thread only) and
@@ -118,12 +129,19 @@ class _Loop:
             chunk_sizes=batch.chunk_sizes,
             stash=self.depth > 1,
         )
-        answer = self.pool.submit(trainer.transport.step, trainer.run_id, pending.body)
+        body = pending.body
+        answer = (
+            None
+            if self.cautious
+            else self.pool.submit(trainer.transport.step, trainer.run_id, body)
+        )
         return _InFlight(pending, answer, started)
 
     def _answer(self, head: _InFlight) -> bytes:
         """The oldest step's answer; a request that overtook its predecessor is sent again
         (its predecessor has been answered by now, so party B expects it)."""
+        if head.answer is None:
+            return self.trainer.transport.step(self.trainer.run_id, head.pending.body)
         try:
             return head.answer.result()
         except StepOutOfOrder as exc:
@@ -134,7 +152,7 @@ class _Loop:
 
     def _drain(self) -> None:
         """Wait out (and drop) every step still in flight: none may land after a resume."""
-        wait([f.answer for f in self.in_flight])
+        wait([f.answer for f in self.in_flight if f.answer is not None])
         self.in_flight.clear()
 
 

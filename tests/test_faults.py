@@ -111,6 +111,7 @@ def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
 # ------------------------------------------------------------------------ party B killed
 
 
+@pytest.mark.timeout(900)  # two runs and six restarts of party B, on a shared machine
 @pytest.mark.parametrize("depth", [1, 2], ids=["one-step", "pipelined-K2"])
 def test_party_b_sigkilled_at_random_moments_and_mid_checkpoint_ends_like_an_uninterrupted_run(
     party_b: PartyBProcess, trainers: Callable[..., PartyATrainer], tmp_path: Path, depth: int

@@ -61,6 +61,7 @@ class _Transport(InProcessTransport):
     def __init__(self, service: RunService, caller: Caller) -> None:
         super().__init__(service, caller, problem=problem_from_body)
         self.delay: dict[int, float] = {}  # step -> seconds to hold its request back
+        self.lose: set[int] = set()  # steps whose first answer is lost after the next applies
         self.die_at: int | None = None  # a step whose request kills party A (SystemExit)
         self.sent: list[int] = []
 
@@ -70,6 +71,13 @@ class _Transport(InProcessTransport):
         if step == self.die_at:
             raise SystemExit(f"party A killed while step {step} was in flight")
         time.sleep(self.delay.get(step, 0.0))
+        if step in self.lose:  # applied, the answer lost, the retry arrives after step + 1
+            self.lose.discard(step)
+            super().step(run_id, body)
+            deadline = time.monotonic() + 30
+            while self.service.get_run(self.caller, run_id).step <= step:
+                assert time.monotonic() < deadline, f"step {step + 1} was never sent"
+                time.sleep(0.01)
         return super().step(run_id, body)
 
 
@@ -184,3 +192,19 @@ def test_party_a_killed_with_steps_in_flight_resumes_bit_identically(
     assert _bottom(again) == _bottom(reference)
     assert _evaluation(again) == _evaluation(reference)
     assert threading.active_count() < 20  # sender threads end with their run
+
+
+def test_an_answer_lost_after_its_successor_applied_rolls_back_and_ends_bit_identical(
+    tmp_path: Path,
+) -> None:
+    parties = _Parties(tmp_path)
+    reference, _ = parties.train("reference", 3)
+    trainer = parties.trainer("lost", 3)
+    assert isinstance(trainer.transport, _Transport)
+    trainer.transport.lose = {8, 14}  # one before and one after the checkpoint at step 12
+    trainer.prepare()
+    summary = trainer.train()
+    assert summary.rollbacks == 2
+    assert parties.applied(trainer) == list(range(1, STEPS + 1))
+    assert _bottom(trainer) == _bottom(reference)
+    assert _evaluation(trainer) == _evaluation(reference)
