@@ -9,7 +9,7 @@ end, so the pipeline never drains). Each run is the product's two parties end to
 * FEMNIST: a short run of ``--femnist-steps`` steps, 10 writers x 20 images, SGD 0.1,
   q=1152 L=2 lambda=2e-4 (the headline setting; the full runs are 1,000-2,000 steps).
 
-    python -m benchmarks.staleness [--depths 1,2,4] [--femnist-steps 300] [--seeds 1]
+    python -m benchmarks.staleness [--depths 1,2,4] [--femnist-steps 100] [--seeds 1]
 """
 
 import argparse
@@ -27,14 +27,14 @@ CREDIT = RunConfig(
 )  # fmt: skip
 FEMNIST = RunConfig(
     task="femnist", method="fedlite", steps=300, batch_size=20, clients_per_step=10,
-    lr_bottom=0.1, lr_top=0.1, optimizer="sgd", q=1152, L=2, lam=2e-4, eval_every=100,
+    lr_bottom=0.1, lr_top=0.1, optimizer="sgd", q=1152, L=2, lam=2e-4, eval_every=50,
 )  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--depths", default="1,2,4")
-    parser.add_argument("--femnist-steps", type=int, default=300)
+    parser.add_argument("--femnist-steps", type=int, default=100)
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--tasks", default="default_credit,femnist")
     args = parser.parse_args()
@@ -63,16 +63,16 @@ def main() -> None:
                     }
                 )
                 print(task, seed, k, record["final"], flush=True)
-    write_result(
-        "staleness",
-        {
-            "versions": versions("torch"),
-            "loadavg_before": list(load_before),
-            "loadavg_after": list(os.getloadavg()),
-            "settings": {"credit": CREDIT.key, "femnist": bases["femnist"].key},
-            "rows": rows,
-        },
-    )
+                write_result(  # after every run: a cut-off session keeps what it measured
+                    "staleness",
+                    {
+                        "versions": versions("torch"),
+                        "loadavg_before": list(load_before),
+                        "loadavg_after": list(os.getloadavg()),
+                        "settings": {"credit": CREDIT.key, "femnist": bases["femnist"].key},
+                        "rows": rows,
+                    },
+                )
 
 
 if __name__ == "__main__":
