@@ -267,6 +267,7 @@ FLAKY = {
 }
 
 
+@pytest.mark.timeout(600)  # two runs, the second through a proxy that fails 45 % of requests
 @pytest.mark.parametrize("depth", [1, 2], ids=["one-step", "pipelined-K2"])
 def test_a_flaky_network_converges_with_no_double_update(
     party_b: PartyBProcess, trainers: Callable[..., PartyATrainer], depth: int
