@@ -264,6 +264,9 @@ def main() -> None:
         "versions": versions("torch", "httpx", "uvicorn"),
         "settings": {k: v for k, v in vars(args).items() if k != "command"},
         "latency": "user-space proxy, RTT/2 each way (benchmarks.netproxy); tbf on both veth ends",
+        "code": subprocess.run(
+            ["git", "log", "-1", "--format=%H %s"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip(),
     }
     reason = netns.unavailable()
     if reason is not None:
