@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS
+from benchmarks.report_wan import staleness_table, wan_table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md"
 BEGIN, END = "<!-- BEGIN GENERATED -->", "<!-- END GENERATED -->"
@@ -230,6 +231,8 @@ def render() -> str:
         ("Memory", "memory", memory_tables),
         ("Deriving the split and the batches (schedule versions)", "schedule", schedule_table),
         ("Traffic both ways, and accuracy, per representation", "traffic", traffic_table),
+        ("Across a WAN (namespaces, tbf, latency proxy)", "wan", wan_table),
+        ("Accuracy against pipeline depth K", "staleness", staleness_table),
     ]
     for title, name, table in sections:
         doc = _load(name)

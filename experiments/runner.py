@@ -83,6 +83,7 @@ class RunConfig:
     eval_raw: bool = False  # also evaluate on unquantized activations (eval_raw_* fields)
     downlink: str | None = None  # party B's gradient representation (None: float32)
     codebook_dtype: str = "float32"  # uplink codebooks on the wire ("float16" halves them)
+    pipeline_depth: int = 1  # party A's steps in flight (party_a.pipeline)
 
     @property
     def key(self) -> str:
@@ -103,6 +104,8 @@ class RunConfig:
             parts.append(f"cb-{self.codebook_dtype}")
         if self.eval_raw:
             parts.append("evalraw")
+        if self.pipeline_depth > 1:
+            parts.append(f"K{self.pipeline_depth}")
         if self.transport != "inprocess":
             parts.append(self.transport)
         return "-".join(parts)
@@ -119,6 +122,7 @@ class RunConfig:
             "run.checkpoint_interval": self.steps,  # one checkpoint, at the end
             "run.eval_fraction": self.eval_fraction,
             "run.use_side_features": self.use_side_features,
+            "run.pipeline_depth": self.pipeline_depth,
             "model.bottom": task.bottom,
             "model.top": task.top,
             "optimizer.bottom": {**optimizer, "lr": self.lr_bottom},

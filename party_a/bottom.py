@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+from torch.func import functional_call
 
 from party_a.errors import ProtocolError
 from shared import codec
@@ -36,6 +37,9 @@ class PendingStep:
     z_tilde: Tensor  # (rows, d) exactly what party B will dequantize
     body: bytes  # the encoded request (resent verbatim on retry)
     chunk_sizes: tuple[int, ...]  # activation rows of each chunk of the request
+    # pipelining (party_a.pipeline): the detached copy of the parameters z was computed with;
+    # None when z's graph leads to the live parameters (one step in flight)
+    stashed: dict[str, Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -78,15 +82,26 @@ class BottomTrainer:
         digest: bytes,
         *,
         chunk_sizes: Sequence[int] | None = None,
+        stash: bool = False,
     ) -> PendingStep:
         """Forward the batch and encode the step request (chunks quantized independently).
 
         ``chunk_sizes`` count samples; a sample is one activation row, or T rows (one per
-        token) for sequence models.
+        token) for sequence models. ``stash``: forward with a detached copy of the
+        parameters (weight stashing), so that this step's gradient is taken at the weights
+        that made z even when other steps update the model before its answer arrives.
         """
         self.model.train()
         seed_dropout(self.model, step_seed(self.seed, step, "dropout-bottom"))
-        z = self.model(self._input(x))  # (rows, d)
+        stashed = None
+        if stash:
+            stashed = {
+                name: p.detach().clone().requires_grad_(p.requires_grad)
+                for name, p in self.model.named_parameters()
+            }
+            z = functional_call(self.model, stashed, (self._input(x),))
+        else:
+            z = self.model(self._input(x))  # (rows, d)
         per_sample = int(z.shape[0]) // max(len(x), 1)
         sizes = [per_sample * b for b in chunk_sizes] if chunk_sizes else None
         chunks, z_tilde = self._compress(z, step, "kmeans", sizes)
@@ -95,7 +110,9 @@ class BottomTrainer:
             codebook_dtype=self.codebook_dtype,
         )
         rows = tuple(c.B for c in chunks)
-        return PendingStep(step=step, z=z, z_tilde=z_tilde, body=body, chunk_sizes=rows)
+        return PendingStep(
+            step=step, z=z, z_tilde=z_tilde, body=body, chunk_sizes=rows, stashed=stashed
+        )
 
     def apply(self, pending: PendingStep, response: bytes) -> StepResult:
         """Decode party B's answer, correct the gradient and update the bottom model."""
@@ -113,7 +130,13 @@ class BottomTrainer:
             grad, pending.z, pending.z_tilde, self.lam, chunk_rows=pending.chunk_sizes
         )
         self.optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(pending.z, corrected)
+        if pending.stashed is None:
+            torch.autograd.backward(pending.z, corrected)
+        else:  # the gradient at the stashed weights, applied to the live ones
+            trained = [w for w in pending.stashed.values() if w.requires_grad]
+            torch.autograd.backward(pending.z, corrected, inputs=trained)
+            for name, p in self.model.named_parameters():
+                p.grad = pending.stashed[name].grad
         self.optimizer.step()
         return StepResult(
             step=pending.step,

@@ -13,6 +13,7 @@ Example (every table but [run] is optional)::
     use_side_features = true     # party B feeds its own columns to the top model
     # downlink = "int8"          # how party B's gradients travel back (docs/PROTOCOL.md s. 3)
     schedule = { kind = "shuffle" }  # or { kind = "clients", clients_per_step = 10 }
+    pipeline_depth = 1           # steps in flight (docs/PROTOCOL.md, "Pipelining")
 
     [model.bottom]               # party A's bottom model (in_features defaults to the data)
     hidden = [64]
@@ -83,6 +84,8 @@ class RunSection(_Strict):
     use_side_features: bool = True
     grad_dtype: Literal["float32", "float16"] = "float32"
     downlink: str | None = None  # party B's gradient representation; None: its default
+    # steps in flight at once (party_a.pipeline): 1 = send a step, wait, apply, as before
+    pipeline_depth: int = Field(default=1, ge=1, le=16)
 
 
 class ModelSection(_Strict):

@@ -29,15 +29,9 @@ from party_a.alignment import private_intersection
 from party_a.bottom import BottomTrainer, PendingStep, StepResult
 from party_a.client import Transport
 from party_a.config import PartyAConfig
-from party_a.errors import (
-    BatchMismatch,
-    ConfigError,
-    NotFound,
-    ProtocolError,
-    RunNotFound,
-    StepOutOfOrder,
-)
+from party_a.errors import ConfigError, NotFound, ProtocolError, RunNotFound
 from party_a.features import FeatureTable
+from party_a.pipeline import run_steps
 from party_a.state import LocalRun, LocalStep, LocalStore, PsiResult
 from shared import codec
 from shared.accounting import raw_step_request_bytes
@@ -72,6 +66,7 @@ class TrainSummary:
     seconds: float
     alignment_bytes: int = 0  # the id exchange before training, both directions
     rollbacks: int = 0
+    resent: int = 0  # pipelined requests that overtook their predecessor, sent again
     eval_metrics: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -186,7 +181,10 @@ class PartyATrainer:
         return self.transport.get_run(local.remote_id)
 
     def _fingerprint(self) -> dict[str, Any]:
-        return self.config.model_dump(mode="json", by_alias=True)
+        """The config a local run is found again by; ``pipeline_depth`` = 1 is left out, so
+        that state directories written before pipelining keep matching their runs."""
+        exclude = {"run": {"pipeline_depth"}} if self.config.run.pipeline_depth == 1 else None
+        return self.config.model_dump(mode="json", by_alias=True, exclude=exclude)
 
     def _create_key(self) -> str:
         """Idempotency-Key of this run's creation: the same for this state directory, server,
@@ -297,31 +295,7 @@ class PartyATrainer:
         )
         started = time.perf_counter()
         self._reconcile(summary)
-        stalled = 0
-        while self.step < run.steps:
-            t = self.step + 1
-            step_started = time.perf_counter()
-            batch = self.batch(t)
-            pending = self.bottom.request(
-                t,
-                self.features.x[self.rows[batch.positions]],
-                batch_digest([self.aligned[p] for p in batch.positions]),
-                chunk_sizes=batch.chunk_sizes,
-            )
-            try:
-                response = self.transport.step(self.run_id, pending.body)
-            except StepOutOfOrder as exc:
-                stalled += 1
-                if stalled > 3:
-                    raise ProtocolError(f"cannot agree with party B on the step: {exc}") from None
-                log.warning("party B is elsewhere (%s); reconciling", exc.detail)
-                self._reconcile(summary)
-                continue
-            except BatchMismatch as exc:
-                raise ProtocolError(f"the parties disagree on step {t}'s batch: {exc}") from None
-            stalled = 0
-            result = self.bottom.apply(pending, response)
-            self._after_step(pending, result, summary, time.perf_counter() - step_started)
+        run_steps(self, summary)
         summary.seconds = time.perf_counter() - started
         return summary
 

@@ -111,13 +111,16 @@ def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
 # ------------------------------------------------------------------------ party B killed
 
 
+@pytest.mark.timeout(900)  # two runs and six restarts of party B, on a shared machine
+@pytest.mark.parametrize("depth", [1, 2], ids=["one-step", "pipelined-K2"])
 def test_party_b_sigkilled_at_random_moments_and_mid_checkpoint_ends_like_an_uninterrupted_run(
-    party_b: PartyBProcess, trainers: Callable[..., PartyATrainer], tmp_path: Path
+    party_b: PartyBProcess, trainers: Callable[..., PartyATrainer], tmp_path: Path, depth: int
 ) -> None:
     steps = 100
     config = {
         "run.steps": steps,
         "run.checkpoint_interval": 4,
+        "run.pipeline_depth": depth,  # K steps in flight (party_a.pipeline)
         "model.top": {"hidden": [128, 128]},  # checkpoints of ~0.3 MB: writes take a while
     }
     reference = trainers("reference", **config)
@@ -173,12 +176,16 @@ def test_party_b_sigkilled_at_random_moments_and_mid_checkpoint_ends_like_an_uni
 # ------------------------------------------------------------------------ party A killed
 
 
+@pytest.mark.parametrize("depth", [1, 2], ids=["one-step", "pipelined-K2"])
 def test_party_a_cli_sigkilled_three_times_ends_like_an_uninterrupted_run(
-    party_b: PartyBProcess, trainers: Callable[..., PartyATrainer], tmp_path: Path
+    party_b: PartyBProcess, trainers: Callable[..., PartyATrainer], tmp_path: Path, depth: int
 ) -> None:
     _guest, host = breast_pair()
     steps = 120
-    reference = trainers("reference-a", **{"run.steps": steps, "run.checkpoint_interval": 10})
+    reference = trainers(
+        "reference-a",
+        **{"run.steps": steps, "run.checkpoint_interval": 10, "run.pipeline_depth": depth},
+    )
     reference.prepare()
     reference.train()
     expected = reference.evaluate()
@@ -191,7 +198,7 @@ def test_party_a_cli_sigkilled_three_times_ends_like_an_uninterrupted_run(
         .read_text()
         .replace('name = "breast-demo"', 'name = "killed-a"')
         .replace("steps = 100 ", f"steps = {steps} ")
-        .replace("checkpoint_interval = 25", "checkpoint_interval = 10")
+        .replace("checkpoint_interval = 25", f"checkpoint_interval = 10\npipeline_depth = {depth}")
     )
     state = tmp_path / "a-state"
     summary_path = tmp_path / "summary.json"
@@ -260,11 +267,14 @@ FLAKY = {
 }
 
 
+@pytest.mark.timeout(600)  # two runs, the second through a proxy that fails 45 % of requests
+@pytest.mark.parametrize("depth", [1, 2], ids=["one-step", "pipelined-K2"])
 def test_a_flaky_network_converges_with_no_double_update(
-    party_b: PartyBProcess, trainers: Callable[..., PartyATrainer]
+    party_b: PartyBProcess, trainers: Callable[..., PartyATrainer], depth: int
 ) -> None:
     steps = 80
-    reference = trainers("reference-net", **{"run.steps": steps, "run.checkpoint_interval": 10})
+    settings = {"run.steps": steps, "run.checkpoint_interval": 10, "run.pipeline_depth": depth}
+    reference = trainers("reference-net", **settings)
     reference.prepare()
     reference.train()
     expected = reference.evaluate()
@@ -280,7 +290,7 @@ def test_a_flaky_network_converges_with_no_double_update(
             "flaky",
             server=proxy.url,
             timeout=1.0,  # < stall_s: a stalled answer times out and is retried
-            **{"run.steps": steps, "run.checkpoint_interval": 10},
+            **settings,
         )
         trainer.prepare()
         summary = trainer.train()

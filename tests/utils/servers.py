@@ -53,7 +53,7 @@ class PartyBProcess:
     def url(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60.0, verify: ssl.SSLContext | bool = True) -> None:
+    def start(self, timeout: float = 120.0, verify: ssl.SSLContext | bool = True) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
             sys.executable, "-m", self.module, "serve",
