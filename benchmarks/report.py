@@ -38,22 +38,39 @@ def _load_note(doc: dict[str, Any]) -> str:
 
 
 def quantizer_table(doc: dict[str, Any]) -> list[str]:
-    methods = ["ours", "ours_sub256", "faiss", "faiss_all", "sklearn"]
+    methods = ["ours", "ours_all", "ours_sub256", "faiss", "faiss_all", "sklearn"]
+    methods = [m for m in methods if any(m in row for row in doc["rows"])]
     lines = [
         f"*{_load_note(doc)}; `{doc['command']}`*",
         "",
-        "| shape | " + " | ".join(f"{m} ms (error)" for m in methods) + " | ours / fastest rival |",
-        "|---|" + "---|" * (len(methods) + 1),
-    ]
+        "| shape | " + " | ".join(f"{m} ms (error)" for m in methods)
+        + " | ours / fastest rival (wall) | same, CPU time | ours CPU / floor |",
+        "|---|" + "---|" * (len(methods) + 3),
+    ]  # fmt: skip
     for row in doc["rows"]:
         cells = []
         for m in methods:
             r = row.get(m)
             cells.append("–" if not r else f"{_ms(r['median_ms'])} ({r['rel_error']:.4f})")
         ratio = row.get("ratio_to_fastest_rival")
-        lines.append(f"| {row['tag']} | " + " | ".join(cells) + f" | {ratio:.2f} |")
+        cpu = row.get("cpu_ratio_to_fastest_rival")
+        floor = row.get("floor")
+        extra = [
+            f"{ratio:.2f}",
+            "–" if cpu is None else f"{cpu:.2f}",
+            "–"
+            if floor is None
+            else f"{row['ratio_to_floor']:.1f} (floor {_ms(floor['floor_ms'])})",
+        ]
+        lines.append(f"| {row['tag']} | " + " | ".join(cells + extra) + " |")
     bottom = doc["femnist_bottom_step"]["median_ms"]
     lines += ["", f"FEMNIST bottom forward + backward + SGD (B=20), same run: {_ms(bottom)} ms."]
+    if "first_call" in doc:
+        first = doc["first_call"]
+        lines.append(
+            f"First quantize of a fresh process (numba kernels): {first['cold_cache_s']:.1f} s "
+            f"compiling into an empty cache, {first['warm_cache_s']:.2f} s loading a warm one."
+        )
     return lines
 
 

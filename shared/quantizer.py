@@ -10,6 +10,7 @@ quantization (one codebook per position); R = 1 shares one codebook across all p
 Message size (paper): phi*d*R*L/q + B*q*log2(L) bits against phi*d*B for the raw batch.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +33,8 @@ class PQConfig:
     R: int = 1  # groups of subvector positions sharing a codebook; must divide q
     iterations: int = 10  # Lloyd iteration budget per batch (early stop when settled)
     init: InitMethod = "kmeans++"  # centroid seeding
-    max_points_per_centroid: int | None = None  # train on a subsample (faiss uses 256)
+    # train on a subsample of max(2048, L * this) points per group (faiss: 256 L); None: all
+    max_points_per_centroid: int | None = 256
     threads: int | None = 1  # torch threads while clustering (None: the process's setting)
 
     def validate(self, d: int) -> None:
@@ -140,9 +142,10 @@ class GroupedProductQuantizer:
             raise ValueError(f"codebook shape {tuple(code.codebook.shape)} != {expected}")
         if code.codewords.ndim != 2 or code.codewords.shape[1] != cfg.q:
             raise ValueError(f"codewords must be (B, {cfg.q}), got {tuple(code.codewords.shape)}")
-        flat_codebook = code.codebook.reshape(cfg.R * cfg.L, self.sub_dim)
-        rows = code.codewords.to(torch.int64) + self._codebook_offset  # (b, q)
-        return torch.nn.functional.embedding(rows, flat_codebook).reshape(-1, self.d)
+        flat_codebook = code.codebook.reshape(cfg.R * cfg.L, self.sub_dim).numpy()
+        rows = (code.codewords.to(torch.int64) + self._codebook_offset).numpy()  # (b, q)
+        # numpy's take: a fraction of torch's embedding's per-call cost at these sizes
+        return torch.from_numpy(flat_codebook.take(rows, axis=0).reshape(-1, self.d))
 
     def quantize(self, z: Tensor, *, seed: int) -> tuple[PQCode, Tensor]:
         """Encode z and decode it again: returns the code and Z~ (B, d)."""
@@ -154,7 +157,10 @@ class GroupedProductQuantizer:
             raise ValueError(f"activations must be (B, {self.d}), got {tuple(z.shape)}")
         if z.shape[0] < 1:
             raise ValueError("cannot quantize an empty batch")
-        if not bool(torch.isfinite(z).all()):
+        # A finite sum proves every element finite (NaN and Inf propagate) in one pass; only
+        # a sum that overflowed needs the elementwise check.
+        total = float(z.detach().sum())
+        if not math.isfinite(total) and not bool(torch.isfinite(z).all()):
             raise ValueError("activations contain NaN or Inf; refusing to quantize")
 
 

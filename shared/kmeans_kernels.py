@@ -1,0 +1,360 @@
+"""Compiled (numba) kernels of shared/kmeans.py: fused assignment + centroid sums, Lloyd, seeding.
+
+Why compiled: at the paper's shapes k-means is memory passes and per-call overhead, not
+arithmetic (docs/PERFORMANCE.md). Here one pass over a block of points computes the scores
+of every centroid, keeps the running minimum and its index, and moves the points whose label
+changed between the centroid sums: no (N, L) score matrix, no separate argmin or index_add_
+pass, no per-call overhead per group (all R groups run in one call).
+
+Determinism: every kernel is sequential (no parallel loops, no fastmath reassociation), so
+its output depends on its input only, never on the thread count. Floats are summed in a fixed
+order; the centroid sums are float64, updated incrementally by the points that changed label.
+
+Compile cost: ``cache=True`` keeps the compiled code on disk (numba's __pycache__ beside this
+file, or NUMBA_CACHE_DIR; when neither is writable, a per-user directory under the temporary
+directory is used), so only the first process after an install or upgrade compiles
+(measured in benchmarks/quantizer.py as ``first_call``).
+
+Layout: points come twice, row-major (n, s) for the sums and transposed (s, n) for the
+scores, so that the inner loop runs over contiguous points and vectorizes (SIMD) over them.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def _ensure_writable_cache() -> None:
+    """Point numba's cache at a writable directory when the package directory is read-only."""
+    if "NUMBA_CACHE_DIR" in os.environ or os.access(Path(__file__).parent, os.W_OK):
+        return
+    fallback = Path(tempfile.gettempdir()) / f"fedlite-numba-{os.getuid()}"
+    fallback.mkdir(mode=0o700, exist_ok=True)
+    os.environ["NUMBA_CACHE_DIR"] = str(fallback)
+
+
+_ensure_writable_cache()
+
+import numba  # noqa: E402  (after the cache directory is settled: numba reads it on import)
+import numpy as np  # noqa: E402
+
+__all__ = ["assign_groups", "kmeanspp_groups", "lloyd_groups"]
+
+# Points per block of the assignment: the block's transposed points (s x block floats, at
+# most _BLOCK_FLOATS), its running minima and labels stay in the L1 cache (32 KiB per core
+# here) while every centroid passes over them.
+_BLOCK = 512
+_BLOCK_FLOATS = 16384
+
+# float32, so that the products stay float32 (a Python -2.0 would promote them to float64)
+_MINUS_TWO = np.float32(-2.0)
+
+_jit = numba.njit(cache=True, nogil=True, boundscheck=False, fastmath={"contract"})
+
+
+@_jit
+def _rows8(pt: np.ndarray, k: int, start: int, m: int) -> tuple[np.ndarray, ...]:
+    """Dimensions k..k+7 of points start..start+m of pt (s, n), as 8 contiguous rows.
+
+    Inner loops index these from 0: an index like ``start + i`` makes numba check for
+    negative indices, which hides the unit stride from the vectorizer (it gathers instead,
+    ~6x slower).
+    """
+    stop = start + m
+    return (
+        pt[k, start:stop], pt[k + 1, start:stop], pt[k + 2, start:stop], pt[k + 3, start:stop],
+        pt[k + 4, start:stop], pt[k + 5, start:stop], pt[k + 6, start:stop], pt[k + 7, start:stop],
+    )  # fmt: skip
+
+
+@_jit
+def _coef8(w: np.ndarray, k: int) -> tuple[float, ...]:
+    """w[k:k+8] as scalars: hoisted out of the inner loops, which store to float32 arrays
+    that the compiler cannot prove distinct from w."""
+    return (w[k], w[k + 1], w[k + 2], w[k + 3], w[k + 4], w[k + 5], w[k + 6], w[k + 7])
+
+
+@_jit
+def _dot8(a: tuple[float, ...], q: tuple[np.ndarray, ...], i: int) -> Any:
+    """sum_j a[j] * q[j][i] over 8 dimensions, in float32, in a fixed order."""
+    return ((a[0] * q[0][i] + a[1] * q[1][i]) + (a[2] * q[2][i] + a[3] * q[3][i])) + (
+        (a[4] * q[4][i] + a[5] * q[5][i]) + (a[6] * q[6][i] + a[7] * q[7][i])
+    )
+
+
+@_jit
+def _nearer(score: float, c: int, old: float, old_c: int) -> tuple[Any, Any]:
+    """(score, c) if score < old else (old, old_c): ties keep the lower index."""
+    closer = score < old
+    return (score if closer else old), (np.int32(c) if closer else old_c)
+
+
+@_jit
+def _assign_block(
+    pt: np.ndarray,
+    start: int,
+    m: int,
+    scaled: np.ndarray,
+    c_sq: np.ndarray,
+    acc: np.ndarray,
+    best: np.ndarray,
+    spare: np.ndarray,
+    label: np.ndarray,
+) -> None:
+    """label[:m] = nearest centroid of points start..start+m of pt (s, n); ties go to the
+    lowest index. scaled (L, s) = -2 * centroids, c_sq (L,) = ||c||^2.
+
+    The score ||c||^2 - 2 c.p is summed 8 dimensions at a time when s is a multiple of 8
+    (at s = 8 two centroids per pass, nothing through memory but the running minimum), else
+    one dimension at a time. Every inner loop runs along contiguous points and vectorizes.
+    The old minimum is read from one buffer and the new one written to the other, with no
+    conditional load or store: otherwise the compiler emits masked moves, microcoded (slow)
+    on AMD cores.
+    """
+    s = pt.shape[0]
+    num = scaled.shape[0]
+    for i in range(m):
+        best[i] = np.inf
+        label[i] = 0
+    c = 0
+    if s == 8:
+        q = _rows8(pt, 0, start, m)
+        while c + 2 <= num:
+            best, spare = spare, best
+            a, b = _coef8(scaled[c], 0), _coef8(scaled[c + 1], 0)
+            base_a, base_b = c_sq[c], c_sq[c + 1]
+            for i in range(m):
+                near, index = _nearer(base_a + _dot8(a, q, i), c, spare[i], label[i])
+                best[i], label[i] = _nearer(base_b + _dot8(b, q, i), c + 1, near, index)
+            c += 2
+    while c < num:
+        best, spare = spare, best
+        for i in range(m):
+            acc[i] = c_sq[c]
+        if s % 16 == 0:  # 16 dimensions per pass over acc: half the load/store traffic
+            for k in range(0, s, 16):
+                q, a = _rows8(pt, k, start, m), _coef8(scaled[c], k)
+                q2, a2 = _rows8(pt, k + 8, start, m), _coef8(scaled[c], k + 8)
+                for i in range(m):
+                    acc[i] += _dot8(a, q, i) + _dot8(a2, q2, i)
+        elif s % 8 == 0:
+            for k in range(0, s, 8):
+                q, a = _rows8(pt, k, start, m), _coef8(scaled[c], k)
+                for i in range(m):
+                    acc[i] += _dot8(a, q, i)
+        else:
+            for k in range(s):
+                row, w = pt[k, start : start + m], scaled[c, k]
+                for i in range(m):
+                    acc[i] += w * row[i]
+        for i in range(m):
+            best[i], label[i] = _nearer(acc[i], c, spare[i], label[i])
+        c += 1
+
+
+@_jit
+def _assign_group(
+    points: np.ndarray,
+    pt: np.ndarray,
+    centroids: np.ndarray,
+    labels: np.ndarray,
+    sums: np.ndarray,
+    counts: np.ndarray,
+    track: bool,
+) -> int:
+    """Assign every point of one group; with ``track``, move changed points between the sums.
+
+    points (n, s), pt (s, n) float32; centroids (L, s) float32; labels (n,) int64 in/out
+    (-1: not yet assigned); sums (L, s) float64, counts (L,) int64. Returns how many labels
+    changed.
+    """
+    n, s = points.shape
+    num = centroids.shape[0]
+    c_sq = np.empty(num, dtype=np.float32)
+    scaled = np.empty((num, s), dtype=np.float32)
+    for c in range(num):
+        total = np.float32(0.0)
+        for k in range(s):
+            total += centroids[c, k] * centroids[c, k]
+            scaled[c, k] = _MINUS_TWO * centroids[c, k]
+        c_sq[c] = total
+    block = max(8, min(_BLOCK, _BLOCK_FLOATS // s // 8 * 8))
+    acc = np.empty(block, dtype=np.float32)
+    best = np.empty(block, dtype=np.float32)
+    spare = np.empty(block, dtype=np.float32)
+    label = np.empty(block, dtype=np.int32)
+    changed = 0
+    for start in range(0, n, block):
+        m = min(block, n - start)
+        _assign_block(pt, start, m, scaled, c_sq, acc, best, spare, label)
+        for i in range(m):
+            new = label[i]
+            old = labels[start + i]
+            if new == old:
+                continue
+            changed += 1
+            labels[start + i] = new
+            if track:  # explicit loops: a slice expression here allocates per point
+                counts[new] += 1
+                for k in range(s):
+                    sums[new, k] += points[start + i, k]
+                if old >= 0:
+                    counts[old] -= 1
+                    for k in range(s):
+                        sums[old, k] -= points[start + i, k]
+    return changed
+
+
+@_jit
+def assign_groups(points: np.ndarray, pt: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+    """Nearest centroid of every point: points (G, n, s), pt (G, s, n), centroids (G, L, s)
+    float32 -> (G, n) int64."""
+    g, n, s = points.shape
+    labels = np.full((g, n), -1, dtype=np.int64)
+    sums = np.empty((0, s), dtype=np.float64)
+    counts = np.empty(0, dtype=np.int64)
+    for group in range(g):
+        cents = centroids[group]
+        _assign_group(points[group], pt[group], cents, labels[group], sums, counts, False)
+    return labels
+
+
+@_jit
+def _update(centroids: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> None:
+    """Every centroid (L, s) with points becomes their mean; an empty one stays."""
+    for c in range(centroids.shape[0]):
+        if counts[c] > 0:
+            for k in range(centroids.shape[1]):
+                centroids[c, k] = np.float32(sums[c, k] / counts[c])
+
+
+@_jit
+def lloyd_step(
+    points: np.ndarray,
+    pt: np.ndarray,
+    centroids: np.ndarray,
+    labels: np.ndarray,
+    sums: np.ndarray,
+    counts: np.ndarray,
+    active: np.ndarray,
+    update: bool,
+) -> int:
+    """One Lloyd iteration on every active group: (with ``update``) move each centroid to the
+    mean of its points, then reassign; a group whose labels did not change becomes inactive
+    (further updates would not move it). Returns how many groups are still active.
+
+    points (G, n, s), pt (G, s, n) float32; centroids (G, L, s) float32 in/out; labels
+    (G, n) int64 in/out, -1 before the first step; sums (G, L, s) float64 and counts (G, L)
+    int64, the running sums of each cluster's points; active (G,) bool in/out.
+
+    The iteration loop stays in Python: at most ``iterations + 1`` calls, each over all
+    groups, so the call overhead is a few microseconds per iteration whatever G is.
+    """
+    still = 0
+    for group in range(points.shape[0]):
+        if not active[group]:
+            continue
+        if update:
+            _update(centroids[group], sums[group], counts[group])
+        changed = _assign_group(
+            points[group], pt[group], centroids[group], labels[group], sums[group],
+            counts[group], True,
+        )  # fmt: skip
+        if update and changed == 0:
+            active[group] = False
+        else:
+            still += 1
+    return still
+
+
+def lloyd_groups(
+    points: np.ndarray, pt: np.ndarray, centroids: np.ndarray, iterations: int
+) -> tuple[np.ndarray, int]:
+    """Lloyd's algorithm on every group: at most ``iterations`` updates, each followed by an
+    assignment; a group stops once no label changes.
+
+    points (G, n, s), pt (G, s, n) float32; centroids (G, L, s) float32, updated in place
+    (an empty cluster keeps its centroid). Returns labels (G, n) int64 of the final centroids
+    and the most updates any group ran.
+    """
+    g, n, s = points.shape
+    num = centroids.shape[1]
+    labels = np.full((g, n), -1, dtype=np.int64)
+    sums = np.zeros((g, num, s), dtype=np.float64)
+    counts = np.zeros((g, num), dtype=np.int64)
+    active = np.ones(g, dtype=np.bool_)
+    state = (points, pt, centroids, labels, sums, counts, active)
+    lloyd_step(*state, False)
+    ran = 0
+    while ran < iterations and lloyd_step(*state, True):
+        ran += 1
+    if ran < iterations:
+        ran += 1  # the update that found the labels settled counts, as before
+    return labels, ran
+
+
+@_jit
+def _distances_to(pt: np.ndarray, centroid: np.ndarray, out: np.ndarray) -> None:
+    """out[i] = ||p_i - c||^2 for every point of pt (s, n), in float32."""
+    s, n = pt.shape
+    for i in range(n):
+        out[i] = 0.0
+    for k in range(s):
+        ck = centroid[k]
+        pk = pt[k]
+        for i in range(n):
+            diff = pk[i] - ck
+            out[i] += diff * diff
+
+
+@_jit
+def kmeanspp_groups(
+    points: np.ndarray, pt: np.ndarray, num: int, first: np.ndarray, uniforms: np.ndarray
+) -> np.ndarray:
+    """Greedy k-means++ seeding (Arthur & Vassilvitskii, 2007; as scikit-learn's) per group.
+
+    points (G, n, s), pt (G, s, n) float32; first (G,) index of each group's first centroid;
+    uniforms (G, L, T) in [0, 1): T candidates per further centroid are drawn with probability
+    proportional to the squared distance to the nearest centroid so far (the cumulative sum
+    searched for u * total), and the one that lowers the potential sum(closest) most is kept.
+    Once every point coincides with a chosen centroid (fewer distinct points than L), the
+    remaining centroids repeat the last one; the assignment never uses such duplicates.
+    Returns (G, L, s) float32.
+    """
+    g, n, s = points.shape
+    trials = uniforms.shape[2]
+    out = np.empty((g, num, s), dtype=np.float32)
+    closest = np.empty(n, dtype=np.float32)
+    candidate = np.empty(n, dtype=np.float32)
+    best_dist = np.empty(n, dtype=np.float32)
+    cumulative = np.empty(n, dtype=np.float64)
+    for group in range(g):
+        p = points[group]
+        out[group, 0] = p[first[group]]
+        _distances_to(pt[group], p[first[group]], closest)
+        chosen = first[group]
+        for c in range(1, num):
+            total = 0.0
+            for i in range(n):
+                total += closest[i]
+                cumulative[i] = total
+            if total <= 0.0:  # every point sits on a centroid already
+                out[group, c] = p[chosen]
+                continue
+            best_potential = np.inf
+            for t in range(trials):
+                idx = np.searchsorted(cumulative, uniforms[group, c, t] * total, side="right")
+                idx = min(idx, n - 1)
+                _distances_to(pt[group], p[idx], candidate)
+                potential = 0.0
+                for i in range(n):
+                    potential += min(closest[i], candidate[i])
+                if potential < best_potential:
+                    best_potential = potential
+                    chosen = idx
+                    best_dist[:] = candidate
+            out[group, c] = p[chosen]
+            for i in range(n):
+                closest[i] = min(closest[i], best_dist[i])
+    return out
