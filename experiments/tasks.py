@@ -79,6 +79,7 @@ class ClassLabels:
     side_width: int = 0
     accuracy_excludes: tuple[int, ...] = ()
     prediction_excludes: tuple[int, ...] = ()
+    labeled: np.ndarray | None = None  # every row has a label
 
     @property
     def ids(self) -> list[str]:
@@ -106,6 +107,7 @@ class TagLabels:
     side_width: int = 0
     accuracy_excludes: tuple[int, ...] = ()
     prediction_excludes: tuple[int, ...] = ()
+    labeled: np.ndarray | None = None  # every row has a label
 
     @property
     def ids(self) -> list[str]:
@@ -146,6 +148,7 @@ class TokenLabels:
     side_width: int = 0
     accuracy_excludes: tuple[int, ...] = (EOS,)
     prediction_excludes: tuple[int, ...] = (PAD, OOV, BOS, EOS)
+    labeled: np.ndarray | None = None  # every row has a label
 
     @property
     def ids(self) -> list[str]:

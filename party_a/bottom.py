@@ -8,6 +8,7 @@ lambda is in the paper's units, per client batch-mean: a chunk of n_c of the ste
 one client's batch (see shared.correction); a vertical run sends one chunk, weight 1.
 """
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,9 @@ from shared.quantizer import GroupedProductQuantizer, PQConfig
 from shared.schedule import step_seed
 from shared.training import make_optimizer, state_from_bytes, state_to_bytes
 
-__all__ = ["BottomTrainer", "PendingStep", "StepResult"]
+__all__ = ["FREEZE_SAMPLES", "BottomTrainer", "PendingStep", "StepResult"]
+
+FREEZE_SAMPLES = 4096  # training samples the serving codebook is fitted on, at most
 
 
 @dataclass
@@ -72,6 +75,7 @@ class BottomTrainer:
         self.pq = quantizer["mode"] == "pq"
         self._quantizer_spec = quantizer
         self._quantizers: dict[int, GroupedProductQuantizer] = {}
+        self.frozen: Tensor | None = None  # the serving codebook (R, L, s), see freeze_codebook
 
     # ------------------------------------------------------------------ training
 
@@ -149,18 +153,57 @@ class BottomTrainer:
 
     @torch.no_grad()
     def activations(
-        self, x: np.ndarray, *, tag: str, chunk_size: int, raw: bool = False
+        self, x: np.ndarray, *, chunk_size: int, raw: bool = False
     ) -> tuple[codec.Activations, ...]:
-        """Forward only (eval mode) and compress in chunks of ``chunk_size`` samples; with
-        ``raw``, send z itself even in a FedLite run (serving need not save bandwidth)."""
-        self.model.eval()
-        z = self.model(self._input(x))
+        """Forward only (eval mode), in chunks of ``chunk_size`` samples, each quantized
+        against the frozen serving codebook (``frozen``): a sample's activations on the wire
+        -- and so its score -- do not depend on the other samples of the request. With
+        ``raw``, send z itself even in a FedLite run."""
+        z = self.forward(x)
         chunk_size *= int(z.shape[0]) // max(len(x), 1)  # rows: T per sample for sequences
         sizes = [min(chunk_size, len(z) - i) for i in range(0, len(z), chunk_size)]
-        if raw:
-            return tuple(codec.RawActivations(p.detach().numpy()) for p in torch.split(z, sizes))
-        chunks, _ = self._compress(z, 0, tag, sizes)
-        return chunks
+        if raw or not self.pq:
+            return tuple(codec.RawActivations(p.numpy()) for p in torch.split(z, sizes))
+        if self.frozen is None:
+            raise ValueError("no frozen serving codebook: call freeze_codebook() first")
+        quantizer = self._quantizer(int(z.shape[1]))
+        return tuple(
+            codec.PQActivations(
+                self.frozen.numpy(), quantizer.assign(p, self.frozen).codewords.numpy()
+            )
+            for p in torch.split(z, sizes)
+        )
+
+    @torch.no_grad()
+    def forward(self, x: np.ndarray) -> Tensor:
+        """z (rows, d) of the model in eval mode (no dropout), in blocks of 4096 samples."""
+        self.model.eval()
+        if len(x) == 0:
+            raise ValueError("no samples to forward")
+        parts = [self.model(self._input(x[i : i + 4096])) for i in range(0, len(x), 4096)]
+        return torch.cat(parts).detach()
+
+    def freeze_codebook(self, x_train: np.ndarray, step: int) -> Tensor:
+        """Fit the serving codebook (R, L, s) on the training samples' activations at model
+        step ``step`` and keep it in ``frozen``; deterministic in (model, seed, step).
+
+        At most ``FREEZE_SAMPLES`` samples (a seeded choice) and 256 points per centroid
+        take part: the codebook summarizes the training distribution, it need not see all
+        of it.
+        """
+        rng = np.random.default_rng(step_seed(self.seed, step, "serving-codebook"))
+        if len(x_train) > FREEZE_SAMPLES:
+            x_train = x_train[np.sort(rng.choice(len(x_train), FREEZE_SAMPLES, replace=False))]
+        z = self.forward(x_train)
+        base = self._quantizer(int(z.shape[1]))
+        fitting = GroupedProductQuantizer(
+            base.d, dataclasses.replace(base.config, max_points_per_centroid=256)
+        )
+        codebook = fitting.encode(z, seed=step_seed(self.seed, step, "serving-codebook")).codebook
+        if self.codebook_dtype == "float16":
+            codebook = codebook.half().float()  # what party B will read off the wire
+        self.frozen = codebook.contiguous()
+        return self.frozen
 
     # ------------------------------------------------------------------ state
 

@@ -6,7 +6,9 @@
     fedlite-a evaluate (same flags)          held-out metrics, computed at party B
     fedlite-a predict  (same flags) --ids a,b,c   scores for given ids (serving)
     fedlite-a finish   --server URL --token T --name RUN   close a run left open (--no-finish)
+    fedlite-a export   --name RUN --out DIR  the trained bottom model, transform and codebook
     fedlite-a runs     [--state-dir DIR]     the runs party A's state knows
+    fedlite-a show / delete --server URL --token T --name RUN   inspect / delete a run
     fedlite-a ratio    --d 9216 --batch 20 --q 1152 --L 2   message sizes, no server needed
     fedlite-a check    --server URL --token T   is party B reachable and the token valid?
     fedlite-a demo-data --out FILE           party A's half of the bundled demo data
@@ -139,6 +141,43 @@ def _add(sub: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
     return child
 
 
+def _serving_parsers(sub: Any) -> None:
+    """evaluate, predict and export: what is done with a trained run."""
+    evaluate = _add(sub, "evaluate", help="held-out metrics of a trained run (computed at party B)")
+    _session_flags(evaluate)
+    evaluate.add_argument("--split", choices=["eval", "train"], default="eval")
+    evaluate.add_argument(
+        "--raw",
+        action="store_true",
+        help="send unquantized activations (a FedLite run's model without compression)",
+    )
+    evaluate.set_defaults(func=commands.cmd_evaluate)
+
+    predict = _add(sub, "predict", help="party B's scores for given ids (a trained run)")
+    _session_flags(predict)
+    predict.add_argument("--ids", help="comma-separated ids")
+    predict.add_argument("--ids-file", type=Path, help="one id per line")
+    predict.add_argument("--out", type=Path, help="CSV to write (default stdout)")
+    predict.add_argument(
+        "--raw",
+        action="store_true",
+        help="send unquantized activations (default: quantized with the run's frozen codebook)",
+    )
+    predict.set_defaults(func=commands.cmd_predict)
+
+    export = _add(
+        sub,
+        "export",
+        help="write party A's half of a trained run for serving (model, transform, codebook)",
+    )
+    export.add_argument("--server", help="party B's URL, when runs of that name exist for several")
+    _state_flag(export)
+    export.add_argument("--name", help="run name (or the [run] name of --config)")
+    export.add_argument("--config", type=Path, help="run config (TOML) naming the run")
+    export.add_argument("--out", type=Path, required=True, help="directory to create")
+    export.set_defaults(func=commands.cmd_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedlite-a",
@@ -177,22 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--summary-json", type=Path, help="also write the summary as JSON")
     train.set_defaults(func=commands.cmd_train)
 
-    evaluate = _add(sub, "evaluate", help="held-out metrics of a trained run (computed at party B)")
-    _session_flags(evaluate)
-    evaluate.add_argument("--split", choices=["eval", "train"], default="eval")
-    evaluate.add_argument(
-        "--raw",
-        action="store_true",
-        help="send unquantized activations (a FedLite run's model without compression)",
-    )
-    evaluate.set_defaults(func=commands.cmd_evaluate)
-
-    predict = _add(sub, "predict", help="party B's scores for given ids (a trained run)")
-    _session_flags(predict)
-    predict.add_argument("--ids", help="comma-separated ids")
-    predict.add_argument("--ids-file", type=Path, help="one id per line")
-    predict.add_argument("--out", type=Path, help="CSV to write (default stdout)")
-    predict.set_defaults(func=commands.cmd_predict)
+    _serving_parsers(sub)
 
     finish = _add(sub, "finish", help="finish a run left open (train --no-finish)")
     _connection_flags(finish)
@@ -200,6 +224,17 @@ def build_parser() -> argparse.ArgumentParser:
     finish.add_argument("--name", help="run name (or the [run] name of --config)")
     finish.add_argument("--config", type=Path, help="run config (TOML) to take the name from")
     finish.set_defaults(func=commands.cmd_finish)
+
+    for name, func, what in (
+        ("show", commands.cmd_show, "a run as party B and party A see it (JSON)"),
+        ("delete", commands.cmd_delete, "delete a run at party B (frees its quota) and here"),
+    ):
+        child = _add(sub, name, help=what)
+        _connection_flags(child)
+        _state_flag(child)
+        child.add_argument("--name", help="run name (or the [run] name of --config)")
+        child.add_argument("--config", type=Path, help="run config (TOML) naming the run")
+        child.set_defaults(func=func)
 
     runs = _add(sub, "runs", help="the runs party A's state directory holds")
     _state_flag(runs)

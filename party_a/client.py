@@ -116,6 +116,10 @@ class HttpTransport:
     def finish(self, run_id: str) -> RunOut:
         return self._json("POST", f"/v1/runs/{run_id}/finish", RunOut)
 
+    def delete_run(self, run_id: str) -> None:
+        """Delete the run at party B (everything it stores for it; frees the quota)."""
+        self._send("DELETE", f"/v1/runs/{run_id}")
+
     def step_log(self, run_id: str) -> list[dict[str, Any]]:
         response = self._send("GET", f"/v1/runs/{run_id}/steps", params={"limit": 10_000})
         steps: list[dict[str, Any]] = self._parse_json(response)["steps"]

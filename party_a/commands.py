@@ -7,23 +7,31 @@ Each raises :class:`party_a.errors.FedliteError` (or ValueError / OSError) for
 import argparse
 import csv
 import json
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from party_a.errors import ConfigError, RunNotFound
 from party_a.report import progress, summary_rows
 from party_a.session import connection, local_runs, open_session, open_state, run_not_found
 from shared.accounting import compression_report
 
+if TYPE_CHECKING:
+    from party_a.state import LocalRun, LocalStore
+
 __all__ = [
     "cmd_align",
     "cmd_check",
+    "cmd_delete",
     "cmd_demo_data",
     "cmd_evaluate",
+    "cmd_export",
     "cmd_finish",
     "cmd_predict",
     "cmd_ratio",
     "cmd_runs",
+    "cmd_show",
     "cmd_train",
 ]
 
@@ -173,8 +181,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         ]
     if not ids:
         raise ConfigError("give ids with --ids a,b,c or --ids-file FILE")
-    with open_session(args, create=False) as (trainer, _remote):
-        answer = trainer.predict(ids)
+    with open_session(args, create=False, serving=True) as (trainer, _remote):
+        answer = trainer.predict(ids, raw=args.raw)
     out = open(args.out, "w", newline="") if args.out else sys.stdout  # noqa: SIM115
     try:
         writer = csv.writer(out)
@@ -223,6 +231,64 @@ def cmd_finish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _local_run(args: argparse.Namespace, store: "LocalStore") -> tuple[str, "LocalRun"]:
+    """(party B's URL, the run named by --name / --config) from party A's state, or exit 2."""
+    server, _token = connection(args)
+    server = server.strip().rstrip("/")
+    name = _run_name(args)
+    local = store.find_run(server, name)
+    if local is None:
+        raise run_not_found(RunNotFound(name, server), store, args.state_dir)
+    return server, local
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """A run as party B and party A see it: status, step, checkpoints, sizes (JSON)."""
+    from party_a.client import HttpTransport
+
+    store = open_state(args.state_dir, create=False)
+    try:
+        server, local = _local_run(args, store)
+        with HttpTransport(
+            server, connection(args)[1], ca_bundle=args.ca_bundle, retry_for=args.retry_for
+        ) as transport:
+            remote = transport.get_run(local.remote_id)
+        shown = {
+            "party_b": json.loads(remote.model_dump_json(exclude={"alignment_key"})),
+            "party_a": {
+                "status": local.status,
+                "checkpoints": store.checkpoint_steps(local.id),
+                "serving_codebook_step": getattr(store.serving(local.id), "codebook_step", None),
+            },
+        }
+    finally:
+        store.close()
+    print(json.dumps(shown, indent=2, default=str))
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    """Delete a run at party B (frees its quota; gone already is fine) and in party A's state."""
+    from party_a.client import HttpTransport
+    from party_a.errors import NotFound
+
+    store = open_state(args.state_dir, create=False)
+    try:
+        server, local = _local_run(args, store)
+        with HttpTransport(
+            server, connection(args)[1], ca_bundle=args.ca_bundle, retry_for=args.retry_for
+        ) as transport:
+            try:
+                transport.delete_run(local.remote_id)
+            except NotFound:
+                pass  # deleted at party B already (or by its operator): forget it here too
+        store.delete_run(local.id)
+    finally:
+        store.close()
+    print(json.dumps({"deleted": local.name, "run": local.remote_id, "server": server}))
+    return 0
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     """One line per run in party A's state: name, status, party B's URL and run id."""
     store = open_state(args.state_dir, create=False)
@@ -233,4 +299,27 @@ def cmd_runs(args: argparse.Namespace) -> int:
             print(f"{run.name}\t{run.status}\tcheckpoint {newest}\t{run.server}\t{run.remote_id}")
     finally:
         store.close()
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write a trained run's half of the model, with what serving it needs, to --out."""
+    from party_a.export import export_run
+
+    name = _run_name(args)
+    server = (args.server or os.environ.get("FEDLITE_A_SERVER") or "").strip().rstrip("/")
+    store = open_state(args.state_dir, create=False)
+    try:
+        runs = [r for r in local_runs(store) if r.name == name and server in ("", r.server)]
+        if not runs:
+            raise run_not_found(RunNotFound(name, server or "any server"), store, args.state_dir)
+        if len(runs) > 1:
+            raise ConfigError(
+                f"runs named {name!r} for several party B servers: pick one with --server "
+                f"({', '.join(r.server for r in runs)})"
+            )
+        manifest = export_run(store, runs[0], args.out)
+    finally:
+        store.close()
+    print(json.dumps({"export": str(args.out), "run": name, "step": manifest["step"]}))
     return 0

@@ -124,7 +124,7 @@ class _Loop:
         batch = trainer.batch(step)
         pending = trainer.bottom.request(
             step,
-            trainer.features.x[trainer.rows[batch.positions]],
+            trainer.x[trainer.rows[batch.positions]],
             batch_digest([trainer.aligned[p] for p in batch.positions]),
             chunk_sizes=batch.chunk_sizes,
             stash=self.depth > 1,

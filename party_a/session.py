@@ -159,11 +159,12 @@ def _config(
 
 @contextmanager
 def open_session(
-    args: argparse.Namespace, *, create: bool
+    args: argparse.Namespace, *, create: bool, serving: bool = False
 ) -> Iterator[tuple["PartyATrainer", "RunOut"]]:
     """Config, features, transport, local store and trainer, prepared (run found or, with
     ``create``, made at party B; ids aligned; checkpoint restored), and the run as party B
-    sees it."""
+    sees it. ``serving``: ``--features`` is a serving table, which need not hold the
+    training rows (the run's stored transform and codebook are used)."""
     from party_a.client import HttpTransport
     from party_a.features import load_features
     from party_a.trainer import PartyATrainer
@@ -174,14 +175,19 @@ def open_session(
     try:
         config = _config(args, store, server, create=create)
         key = server.strip().rstrip("/")
-        if not create and store.find_run(key, config.run.name) is None:
+        local = store.find_run(key, config.run.name)
+        if not create and local is None:
             # before torch and the feature table are loaded: say so at once
             raise run_not_found(RunNotFound(config.run.name, key), store, args.state_dir)
+        stored = store.serving(local.id) if local is not None else None
         transport = HttpTransport(server, token, ca_bundle=args.ca_bundle, retry_for=args.retry_for)
         features = load_features(
             args.features,
             id_column=args.id_column,
-            feature_columns=config.data.feature_columns or None,
+            # a trained run reads its own columns, whatever else the table holds
+            feature_columns=(
+                stored.transform["columns"] if stored else config.data.feature_columns or None
+            ),
             standardize=config.data.standardize,
             group_column=config.data.group_column,
         )
@@ -193,7 +199,7 @@ def open_session(
             server=key,
         )
         try:
-            remote = trainer.prepare(create=create)
+            remote = trainer.prepare(create=create, serving=serving)
         except RunNotFound as exc:
             raise run_not_found(exc, store, args.state_dir) from None
         yield trainer, remote

@@ -28,7 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-__all__ = ["LocalCheckpoint", "LocalRun", "LocalStep", "LocalStore", "PsiResult"]
+__all__ = ["LocalCheckpoint", "LocalRun", "LocalStep", "LocalStore", "PsiResult", "RunServing"]
 
 
 def _now() -> datetime:
@@ -65,6 +65,21 @@ class LocalCheckpoint(Base):
     model_state: Mapped[bytes] = mapped_column(LargeBinary)
     optimizer_state: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class RunServing(Base):
+    """What serving a run needs besides the bottom model: the feature transform (fitted on
+    the training rows when the run is aligned) and the codebook frozen at the end of training.
+
+    A table of its own so that an older database gains it with ``create_all``.
+    """
+
+    __tablename__ = "run_serving"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    transform: Mapped[dict[str, Any]] = mapped_column(JSON)  # FeatureTransform.to_json()
+    codebook: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)  # .npy (R, L, s)
+    codebook_step: Mapped[int | None] = mapped_column(Integer, default=None)  # model step
 
 
 class LocalStep(Base):
@@ -166,7 +181,19 @@ class LocalStore:
         with self.session() as s:
             s.execute(delete(LocalStep).where(LocalStep.run_id == run_id))
             s.execute(delete(LocalCheckpoint).where(LocalCheckpoint.run_id == run_id))
+            s.execute(delete(RunServing).where(RunServing.run_id == run_id))
             s.execute(delete(LocalRun).where(LocalRun.id == run_id))
+            s.commit()
+
+    # ------------------------------------------------------------------ serving
+
+    def serving(self, run_id: int) -> RunServing | None:
+        with self.session() as s:
+            return s.get(RunServing, run_id)
+
+    def save_serving(self, entry: RunServing) -> None:
+        with self.session() as s:
+            s.merge(entry)
             s.commit()
 
     # ------------------------------------------------------------------ PSI results

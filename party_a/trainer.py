@@ -25,12 +25,13 @@ from typing import Any
 import numpy as np
 
 from api_schemas import AlignmentIn, RunOut
+from party_a import serving as run_serving
 from party_a.alignment import private_intersection
 from party_a.bottom import BottomTrainer, PendingStep, StepResult
 from party_a.client import Transport
 from party_a.config import PartyAConfig
 from party_a.errors import ConfigError, NotFound, ProtocolError, RunNotFound
-from party_a.features import FeatureTable
+from party_a.features import FeatureTable, FeatureTransform
 from party_a.pipeline import run_steps
 from party_a.state import LocalRun, LocalStep, LocalStore, PsiResult
 from shared import codec
@@ -42,7 +43,6 @@ from shared.schedule import (
     SCHEDULE_VERSION,
     BatchSchedule,
     StepBatch,
-    batch_digest,
     make_schedule,
     split_train_eval,
 )
@@ -116,6 +116,8 @@ class PartyATrainer:
         self.local: LocalRun | None = None
         self.step = 0
         self.rows: np.ndarray = np.zeros(0, dtype=np.int64)  # feature row of each aligned key
+        self.x: np.ndarray = features.x  # the table through the run's transform (prepare)
+        self.transform: FeatureTransform | None = None
         self.aligned: list[bytes] = []
         self.train_pos: np.ndarray = np.zeros(0, dtype=np.int64)
         self.eval_pos: np.ndarray = np.zeros(0, dtype=np.int64)
@@ -129,11 +131,12 @@ class PartyATrainer:
         assert self.local is not None, "call prepare() first"
         return self.local.remote_id
 
-    def prepare(self, *, create: bool = True) -> RunOut:
+    def prepare(self, *, create: bool = True, serving: bool = False) -> RunOut:
         """Find the local run (or create it at party B), align ids, restore the checkpoint.
 
         ``create=False`` (evaluate, predict, finish): a run this state has no record of is
-        :class:`RunNotFound`, never a new, untrained run at party B.
+        :class:`RunNotFound`, never a new, untrained run at party B. ``serving`` (predict):
+        the feature table is a serving table, which need not hold the training rows.
         """
         spec = self.config.run_create(self.cut_dim)
         local = self.store.find_run(self.server, self.config.run.name)
@@ -166,7 +169,7 @@ class PartyATrainer:
             log.info("created run %s at party B", remote.id)
         self.local = local
         self.schedule_version = remote.config.schedule_version  # party B's record decides
-        self._align(local)
+        self._align(local, serving=serving)
         checkpoint = self.store.load_checkpoint(local.id)
         if checkpoint is None:
             model_state, optimizer_state = self.bottom.state()
@@ -206,7 +209,7 @@ class PartyATrainer:
             force=force,
         )
 
-    def _align(self, local: LocalRun) -> None:
+    def _align(self, local: LocalRun, *, serving: bool = False) -> None:
         """Align the run on the PSI intersection; party B sees HMACs of those ids only."""
         key = bytes.fromhex(local.alignment_key)
         keys = hmac_ids(key, self.features.ids)
@@ -236,16 +239,21 @@ class PartyATrainer:
         self.aligned = [blob[i : i + 32] for i in range(0, len(blob), 32)]
         row_of = {k: row for row, k in enumerate(keys)}
         missing = [k for k in self.aligned if k not in row_of]
-        if missing:
-            raise ConfigError(f"{len(missing)} aligned ids are not in the feature table any more")
-        self.rows = np.array([row_of[k] for k in self.aligned], dtype=np.int64)
         self.train_pos, self.eval_pos = split_train_eval(
             len(self.aligned),
             seed=self.config.run.seed,
             eval_fraction=self.config.run.eval_fraction,
             version=self.schedule_version,
         )
-        self.batches = self._batch_schedule()
+        if missing and not serving:
+            raise ConfigError(f"{len(missing)} aligned ids are not in the feature table any more")
+        if not missing:
+            self.rows = np.array([row_of[k] for k in self.aligned], dtype=np.int64)
+        train_rows = self.rows[self.train_pos] if not missing else None
+        self.transform = run_serving.run_transform(self.store, local.id, self.features, train_rows)
+        self.x = self.transform.apply(self.features)
+        if not missing:
+            self.batches = self._batch_schedule()
 
     def _batch_schedule(self) -> BatchSchedule:
         run = self.config.run
@@ -297,6 +305,7 @@ class PartyATrainer:
         self._reconcile(summary)
         run_steps(self, summary)
         summary.seconds = time.perf_counter() - started
+        self.freeze_codebook()
         return summary
 
     def _after_step(
@@ -369,66 +378,18 @@ class PartyATrainer:
     # ================================================================== serving
 
     def evaluate(self, split: str = "eval", *, raw: bool = False) -> codec.EvaluateResponse:
-        """Forward the held-out (or train) samples; party B computes the metrics.
+        """Metrics of the held-out (or train) samples, computed at party B (party_a.serving)."""
+        return run_serving.evaluate(self, split, raw=raw)
 
-        ``raw``: send the activations unquantized (in a FedLite run, the model as it would
-        serve without compression, at SplitFed's bandwidth); default: quantized as in training.
-        """
-        positions = self.eval_pos if split == "eval" else self.train_pos
-        if len(positions) == 0:
-            raise ConfigError(f"the run has no {split} samples (eval_fraction = 0?)")
-        chunks = self.bottom.activations(
-            self.features.x[self.rows[positions]],
-            tag=f"evaluate-{split}",
-            chunk_size=self.config.run.batch_size,
-            raw=raw,
-        )
-        body = codec.encode_evaluate_request(
-            codec.EvaluateRequest(
-                ids_digest=batch_digest([self.aligned[p] for p in positions]), chunks=chunks
-            ),
-            codebook_dtype=self.bottom.codebook_dtype,
-        )
-        return codec.decode_evaluate_response(self.transport.evaluate(self.run_id, body, split))
+    def predict(self, ids: list[str], *, raw: bool = False) -> codec.PredictResponse:
+        """Party B's scores for ``ids``, each independent of the others (party_a.serving)."""
+        return run_serving.predict(self, ids, raw=raw)
 
-    def predict(self, ids: list[str]) -> codec.PredictResponse:
-        """Scores for ``ids`` (party A's raw ids; they travel hashed under the run key).
-
-        Every id must be in the private set intersection with party B (a new PSI runs when
-        party A's feature table changed).
-        """
+    def freeze_codebook(self) -> None:
+        """The serving codebook of the model at its current step (party_a.serving)."""
         assert self.local is not None
-        index = self.features.index()
-        unknown = [i for i in ids if i not in index]
-        if unknown:
-            raise ConfigError(f"{len(unknown)} ids are not in the feature table: {unknown[:5]}")
-        # Only ids party B is known to hold travel, hashed under a key party B knows.
-        common = set(self.psi()[0].intersection)
-        outside = [i for i in ids if i not in common]
-        if outside:
-            raise ConfigError(
-                f"{len(outside)} ids are not in the private set intersection with party B: "
-                f"{outside[:5]}"
-            )
-        keys = hmac_ids(bytes.fromhex(self.local.alignment_key), ids)
-        chunks = self.bottom.activations(
-            self.features.x[[index[i] for i in ids]],
-            tag="predict",
-            chunk_size=self.config.run.batch_size,
-        )
-        rows = sum(codec.chunk_rows(chunks))
-        if rows != len(ids):
-            raise ConfigError(
-                f"predict gives one score per sample, but model {self.config.run.model!r} "
-                f"makes {rows // max(len(ids), 1)} activation rows per sample (one per token): "
-                "use evaluate for it"
-            )
-        body = codec.encode_predict_request(
-            codec.PredictRequest(ids=[k.hex() for k in keys], chunks=chunks),
-            codebook_dtype=self.bottom.codebook_dtype,
-        )
-        answer = codec.decode_predict_response(self.transport.predict(self.run_id, body))
-        return codec.PredictResponse(ids=list(ids), scores=answer.scores)
+        train_x = self.x[self.rows[self.train_pos]] if len(self.rows) else None
+        run_serving.freeze_codebook(self.store, self.local, self.bottom, self.step, train_x)
 
     def close(self) -> None:
         """Close the transport (if it has connections) and the local database."""

@@ -23,13 +23,14 @@ __all__ = [
     "cmd_token_issue",
     "cmd_token_list",
     "cmd_token_revoke",
+    "existing_database",
 ]
 
 
 # ====================================================================== db
 
 
-def _existing_database(settings: Settings) -> str:
+def existing_database(settings: Settings) -> str:
     """The database URL, refusing a SQLite file that does not exist (never create one)."""
     url = settings.resolved_database_url()
     path = sqlite_path(url)
@@ -87,7 +88,7 @@ def _token_sessions(args: argparse.Namespace, *, create: bool) -> Any:
         if create_private_database(url):
             print(f"created the database {sqlite_path(url)}", file=sys.stderr)
     else:
-        url = _existing_database(settings)
+        url = existing_database(settings)
     return make_session_factory(make_engine(url))
 
 

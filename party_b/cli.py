@@ -4,7 +4,9 @@
     fedlite-b token issue|revoke|list    API tokens (issue refuses an existing name: --rotate)
     fedlite-b db backup --to FILE        online backup of the SQLite file, safe while serving
     fedlite-b db copy --from URL --to URL   move the state to another database (B stopped)
+    fedlite-b runs list|show ID|delete ID   every caller's runs (delete: party B stopped)
     fedlite-b health                     exit 0 if the local server answers /healthz
+    fedlite-b export --run ID --out DIR  a trained run's top model and transform, for serving
     fedlite-b demo-data --out FILE       party B's half of the bundled demo data
 
 Global flags (``-v``, ``--log-format``, ``--version``) go before or after the subcommand.
@@ -157,21 +159,39 @@ def _storage_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database-url", help="SQLAlchemy URL (overrides --data-dir)")
 
 
+def _label_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--labels", type=Path, help="label table: CSV(.gz) or Parquet")
+    parser.add_argument("--id-column", help="sample-id column (default 'id')")
+    parser.add_argument(
+        "--label-column", help="label column (default 'y'; empty for rows only served)"
+    )
+    parser.add_argument(
+        "--feature-columns", help="comma-separated feature columns (default: all others)"
+    )
+    parser.add_argument("--group-column", help="client column (the 'clients' batch schedule)")
+    parser.add_argument(
+        "--label-source", help="'module:factory' returning a LabelSource, instead of --labels"
+    )
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    import json
+
+    from party_b.api.main import load_labels
+    from party_b.export import export_run
+
+    settings = settings_from_flags(args)
+    manifest = export_run(settings, load_labels(settings), args.run, args.out)
+    print(json.dumps({"export": str(args.out), "run": args.run, "step": manifest["step"]}))
+    return 0
+
+
 def _serve_parser(sub: Any) -> None:
     serve = _add(sub, "serve", help="run the HTTP service")
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8000)")
     _storage_flags(serve)
-    serve.add_argument("--labels", type=Path, help="label table: CSV(.gz) or Parquet")
-    serve.add_argument("--id-column", help="sample-id column (default 'id')")
-    serve.add_argument("--label-column", help="label column (default 'y')")
-    serve.add_argument(
-        "--feature-columns", help="comma-separated feature columns (default: all others)"
-    )
-    serve.add_argument("--group-column", help="client column (the 'clients' batch schedule)")
-    serve.add_argument(
-        "--label-source", help="'module:factory' returning a LabelSource, instead of --labels"
-    )
+    _label_flags(serve)
     serve.add_argument("--tokens", help="'name:token,...' to register at start-up")
     serve.add_argument("--ssl-certfile", type=Path, help="TLS certificate (PEM)")
     serve.add_argument("--ssl-keyfile", type=Path, help="TLS private key (PEM, unencrypted)")
@@ -235,6 +255,29 @@ def _db_parser(sub: Any) -> None:
     backup.set_defaults(func=admin.cmd_db_backup)
 
 
+def _runs_parser(sub: Any) -> None:
+    from party_b import runs_admin
+
+    runs = _add(sub, "runs", help="every caller's runs: list, show, delete")
+    runs_sub = runs.add_subparsers(dest="runs_command", required=True)
+    listing = _add(runs_sub, "list", help="id, name, owner, status, newest checkpoint")
+    _storage_flags(listing)
+    listing.set_defaults(func=runs_admin.cmd_runs_list)
+    show = _add(runs_sub, "show", help="one run as JSON (config, checkpoints, evaluations)")
+    show.add_argument("run", help="the run's id")
+    _storage_flags(show)
+    show.set_defaults(func=runs_admin.cmd_runs_show)
+    delete = _add(
+        runs_sub,
+        "delete",
+        help="delete a run and all its stored state (party B stopped; while it serves, the "
+        "owner uses DELETE /v1/runs/{id})",
+    )
+    delete.add_argument("run", help="the run's id")
+    _storage_flags(delete)
+    delete.set_defaults(func=runs_admin.cmd_runs_delete)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedlite-b",
@@ -269,6 +312,17 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--timeout", type=float, default=5.0)
     health.set_defaults(func=_cmd_health)
     _db_parser(sub)
+    _runs_parser(sub)
+    export = _add(
+        sub,
+        "export",
+        help="write a trained run's top model, classes and feature transform for serving",
+    )
+    export.add_argument("--run", required=True, help="the run's id (party A's `fedlite-a runs`)")
+    export.add_argument("--out", type=Path, required=True, help="directory to create")
+    _storage_flags(export)
+    _label_flags(export)
+    export.set_defaults(func=_cmd_export)
     return parser
 
 
@@ -288,6 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.command,
             getattr(args, "token_command", None),
             getattr(args, "db_command", None),
+            getattr(args, "runs_command", None),
         )
         if c
     )

@@ -58,6 +58,12 @@ class LabelSource(Protocol):
         that are not in ``accuracy_excludes`` count as mistakes (an OOV target)."""
         ...
 
+    @property
+    def labeled(self) -> np.ndarray | None:
+        """(n,) bool: the rows that have a label (only they train or evaluate; the others can
+        only be scored), or None when every row has one."""
+        ...
+
     def targets(self, rows: np.ndarray) -> Tensor:
         """Targets of ``rows``: (n,) int64 classes, or (n, num_outputs) multi-hot, or (n*T,)."""
         ...
@@ -71,8 +77,10 @@ class LabelSource(Protocol):
 class LabelTable:
     """A classification label column plus standardized feature columns, keyed by id.
 
-    labels:   (n,) int64 class index into ``classes``
-    features: (n, k) float32, z-scored per column over the whole table
+    labels:   (n,) int64 class index into ``classes``; -1 for a row without a label (a
+              sample party B only serves: it can be scored, never trained or evaluated on)
+    features: (n, k) float32, z-scored per column with ``feature_mean`` / ``feature_scale``,
+              the statistics of the labeled rows (adding rows to serve changes nothing)
     row_groups: the client of each row, when the table has a client column
     """
 
@@ -83,6 +91,8 @@ class LabelTable:
     feature_names: list[str]
     task: Task = "classification"
     row_groups: list[str] | None = None
+    feature_mean: list[float] | None = None
+    feature_scale: list[float] | None = None
 
     @property
     def ids(self) -> list[str]:
@@ -99,6 +109,11 @@ class LabelTable:
     @property
     def prediction_excludes(self) -> tuple[int, ...]:
         return ()
+
+    @property
+    def labeled(self) -> np.ndarray | None:
+        mask = self.labels >= 0
+        return None if bool(mask.all()) else mask
 
     @property
     def num_outputs(self) -> int:
@@ -131,14 +146,16 @@ def load_label_table(
             f"{path} has no label column {label_column!r}; columns: {sorted(table.columns)}"
         )
     raw_labels = table.columns[label_column]
-    if np.asarray(pd.isna(raw_labels)).any():
-        raise TableError(f"{path}: label column {label_column!r} has missing values")
-    values = np.array([str(v) for v in raw_labels.tolist()])
-    classes = sorted(set(values.tolist()), key=_numeric_first)
+    # an empty label is a row party B serves but cannot train on (a new customer)
+    has_label = ~np.asarray(pd.isna(raw_labels), dtype=bool)
+    values = [str(v) for v in raw_labels.tolist()]
+    classes = sorted({v for v, ok in zip(values, has_label, strict=True) if ok}, key=_numeric_first)
     if len(classes) < 2:
         raise TableError(f"{path}: label column {label_column!r} has fewer than 2 classes")
     index = {c: i for i, c in enumerate(classes)}
-    labels = np.array([index[v] for v in values], dtype=np.int64)
+    labels = np.array(
+        [index[v] if ok else -1 for v, ok in zip(values, has_label, strict=True)], dtype=np.int64
+    )
 
     groups = None
     if group_column is not None:
@@ -152,17 +169,20 @@ def load_label_table(
     )
     if label_column in names or (group_column is not None and group_column in names):
         raise TableError("the label and client columns cannot also be feature columns")
-    features = table.matrix(names)
-    mean = features.mean(axis=0, keepdims=True)
-    std = features.std(axis=0, keepdims=True)
-    features = ((features - mean) / np.where(std > 0, std, 1.0)).astype(np.float32)
+    raw = table.matrix(names)  # float32, as the statistics and their arithmetic
+    fitted = raw[has_label] if len(names) else np.zeros((1, 0), np.float32)
+    mean = fitted.mean(axis=0)
+    std = fitted.std(axis=0)
+    scale = np.where(std > 0, std, np.float32(1.0))
     return LabelTable(
         row_ids=table.ids,
         labels=labels,
         classes=classes,
-        features=features,
+        features=((raw - mean) / scale).astype(np.float32),
         feature_names=names,
         row_groups=groups,
+        feature_mean=mean.tolist(),
+        feature_scale=scale.tolist(),
     )
 
 

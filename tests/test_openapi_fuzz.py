@@ -83,7 +83,8 @@ def test_generated_requests_get_documented_answers(
     exercised: set[str] = set()
     for operation in operations:
         targets: list[dict[str, str] | None] = [None]
-        if "{run_id}" in operation.path:
+        # DELETE on the real runs would take them from the operations after it
+        if "{run_id}" in operation.path and operation.method.upper() != "DELETE":
             targets = [{"run_id": runs["created"]}, {"run_id": runs["trained"]}, None]
         for path_parameters in targets:
             strategy = operation.as_strategy(mode, path_parameters=path_parameters)

@@ -117,6 +117,9 @@ class RunService:
     def finish(self, caller: Caller, run_id: str) -> RunOut:
         return self.runs.finish(caller, run_id)
 
+    def delete_run(self, caller: Caller, run_id: str) -> None:
+        self.runs.delete(caller, run_id)
+
     def step_log(self, caller: Caller, run_id: str, start: int, limit: int) -> list[StepLogOut]:
         return self.runs.step_log(caller, run_id, start, limit)
 

@@ -169,7 +169,12 @@ class Alignment:
         with self._sessions() as session:
             run = owned_row(session, caller, run_id)
             own = hmac_ids(bytes.fromhex(run.alignment_key), self._labels.ids)
-            common = self._aligner.intersect(set(own), offered)
+            labeled = self._labels.labeled
+            # rows without a label are served, never trained or evaluated on
+            trainable = own
+            if labeled is not None:
+                trainable = [k for k, ok in zip(own, labeled, strict=True) if ok]
+            common = self._aligner.intersect(set(trainable), offered)
             aligned = order_by_raw_id(self._labels.ids, own, common)
             if run.status != RunStatus.CREATED.value:
                 if run.aligned_ids == b"".join(aligned):

@@ -4,6 +4,7 @@ import logging
 import secrets
 import threading
 import uuid
+from contextlib import nullcontext
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -149,6 +150,18 @@ class Runs:
                 self._cache.retire(run_id, state)
             return run_out(session, run, state)
 
+    def delete(self, caller: Caller, run_id: str) -> None:
+        """Delete the caller's run and all its stored state; it no longer counts against
+        ``max_runs_per_token``. A request of the run in flight finishes first (its lock)."""
+        with self._sessions() as session:
+            owned_row(session, caller, run_id)  # 404 for another caller's run, as for none
+        state = self._cache.peek(run_id)
+        with state.lock if state is not None else nullcontext(), self._sessions() as session:
+            owned_row(session, caller, run_id)  # a concurrent delete: 404
+            store.delete_run(session, run_id)
+            session.commit()
+            self._cache.drop(run_id)
+
     def step_log(self, caller: Caller, run_id: str, start: int, limit: int) -> list[StepLogOut]:
         with self._sessions() as session:
             owned_row(session, caller, run_id)
@@ -175,7 +188,7 @@ class Runs:
             raise ProblemError(
                 ProblemType.TOO_MANY_RUNS,
                 f"this token already has {open_runs} unfinished runs "
-                f"(limit {self._limits.max_runs_per_token}); finish one first",
+                f"(limit {self._limits.max_runs_per_token}); finish or delete one first",
             )
 
     def _created_with(

@@ -9,16 +9,25 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from party_b.store.tables import EvalResult, IdempotencyKey, PsiKey, Run, RunPrivacy, StepLog
+from party_b.store.tables import (
+    Checkpoint,
+    EvalResult,
+    IdempotencyKey,
+    PsiKey,
+    Run,
+    RunPrivacy,
+    StepLog,
+)
 
 __all__ = [
     "add_run",
     "add_run_privacy",
     "count_open_runs",
+    "delete_run",
     "eval_results",
     "log_evaluation",
     "log_step",
@@ -27,6 +36,7 @@ __all__ = [
     "run_created_with_key",
     "run_privacy",
     "runs_in_status",
+    "run_by_id",
     "runs_of",
     "step_log",
 ]
@@ -40,6 +50,20 @@ def owned_run(session: Session, owner_id: int, run_id: str) -> Run | None:
     run alike (one indexed lookup either way: the answer and its cost say nothing more)."""
     query = select(Run).where(Run.id == run_id, Run.owner_id == owner_id)
     return session.scalars(query).first()
+
+
+def delete_run(session: Session, run_id: str) -> None:
+    """Delete a run and everything stored for it (step log, checkpoints, evaluations, the
+    key it was created with, its privacy policy); explicit rather than by cascade, which
+    PostgreSQL and SQLite would both do but an older SQLite file may not have declared."""
+    for table in (StepLog, Checkpoint, EvalResult, IdempotencyKey, RunPrivacy):
+        session.execute(delete(table).where(table.run_id == run_id))
+    session.execute(delete(Run).where(Run.id == run_id))
+
+
+def run_by_id(session: Session, run_id: str) -> Run | None:
+    """Any owner's run: for the operator's own commands (export), never for a caller."""
+    return session.get(Run, run_id)
 
 
 def runs_of(session: Session, owner_id: int) -> Sequence[Run]:

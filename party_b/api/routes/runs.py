@@ -1,8 +1,8 @@
-"""Runs: create, list, show, finish (JSON)."""
+"""Runs: create, list, show, finish, delete (JSON)."""
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header, Request, Response
 
 from api_schemas import ProblemType, RunCreate, RunList, RunOut
 from party_b.api.contract import AUTHENTICATED, WITH_BODY, ContractRoute, contract
@@ -50,3 +50,12 @@ async def get_run(request: Request, run_id: str, who: CallerDep, service: Servic
 @router.post("/v1/runs/{run_id}/finish", **contract(problems=(*RUN, P.RUN_STATE)))
 async def finish(request: Request, run_id: str, who: CallerDep, service: ServiceDep) -> RunOut:
     return await in_thread(request, service.finish, who, run_id)
+
+
+@router.delete("/v1/runs/{run_id}", status_code=204, **contract(problems=RUN))
+async def delete_run(
+    request: Request, run_id: str, who: CallerDep, service: ServiceDep
+) -> Response:
+    """Delete the run and all party B stores for it; frees its place in the token's quota."""
+    await in_thread(request, service.delete_run, who, run_id)
+    return Response(status_code=204)

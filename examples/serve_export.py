@@ -1,0 +1,109 @@
+"""Serve a trained run from the two exports (``fedlite-a export``, ``fedlite-b export``),
+without either party's service or trainer: each party runs its half on its own machine and
+they exchange one file, exactly what ``predict`` sends over HTTP.
+
+    # party A: features -> transform -> bottom -> codewords against the frozen codebook
+    python examples/serve_export.py party-a --export a-export --features serving.csv \\
+        --out activations.npz
+    # party B: codewords -> z~ -> top model (+ its own feature columns) -> scores
+    python examples/serve_export.py party-b --export b-export --activations activations.npz \\
+        --table labels.csv --out scores.csv
+
+The activations file holds HMAC(run key, id) for each row (never a raw id), the frozen
+codebook and the codewords (or raw z in a SplitFed run, or with --raw). Needs torch, numpy
+and the shared package of fedlite-vfl; nothing of either party's service.
+"""
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from shared.alignment import hmac_ids
+from shared.exported import codebook_from_bytes, load_program, quantizer_of, read_manifest
+from shared.tables import read_id_table
+
+
+def party_a(args: argparse.Namespace) -> None:
+    manifest = read_manifest(args.export, "A")
+    table = read_id_table(args.features, id_column=args.id_column)
+    transform = manifest["transform"]
+    x = table.matrix(transform["columns"])  # float32, the arithmetic of the transform
+    if transform["mean"] is not None:
+        mean, scale = (np.asarray(transform[k], dtype=np.float32) for k in ("mean", "scale"))
+        x = (x - mean) / scale
+    tokens = manifest["input"] != "float32"
+    inputs = torch.from_numpy(x.astype(np.int64 if tokens else np.float32))
+    z = load_program(args.export, "bottom.pt2")(inputs)  # (n, d)
+    keys = np.array(
+        [k.hex() for k in hmac_ids(bytes.fromhex(manifest["alignment_key"]), table.ids)]
+    )
+    if manifest["codebook"] is None or args.raw:
+        np.savez(args.out, keys=keys, z=z.numpy())
+    else:
+        codebook = codebook_from_bytes((args.export / manifest["codebook"]).read_bytes())
+        codewords = quantizer_of(manifest).assign(z, codebook).codewords
+        np.savez(args.out, keys=keys, codebook=codebook.numpy(), codewords=codewords.numpy())
+    print(f"{len(keys)} rows -> {args.out}", file=sys.stderr)
+
+
+def party_b(args: argparse.Namespace) -> None:
+    manifest = read_manifest(args.export, "B")
+    data = np.load(args.activations, allow_pickle=False)
+    keys = [bytes.fromhex(k) for k in data["keys"].tolist()]
+    if "z" in data:
+        z_tilde = torch.from_numpy(data["z"])
+    else:
+        from shared.quantizer import PQCode
+
+        code = PQCode(torch.from_numpy(data["codebook"]), torch.from_numpy(data["codewords"]))
+        z_tilde = quantizer_of(manifest).decode(code)
+    inputs = [z_tilde]
+    side = manifest["side"]
+    if side is not None:
+        if args.table is None:
+            sys.exit("this model reads party B's feature columns: give --table")
+        table = read_id_table(args.table, id_column=side["id_column"])
+        hashed = hmac_ids(bytes.fromhex(manifest["alignment_key"]), table.ids)
+        row_of = {k: row for row, k in enumerate(hashed)}
+        missing = sum(k not in row_of for k in keys)
+        if missing:
+            sys.exit(f"{missing} ids are not in {args.table}")
+        x = table.matrix(side["columns"])[[row_of[k] for k in keys]]
+        x = (x - np.asarray(side["mean"], np.float32)) / np.asarray(side["scale"], np.float32)
+        inputs.append(torch.from_numpy(x.astype(np.float32)))
+    logits = load_program(args.export, "top.pt2")(*inputs)
+    scores = torch.sigmoid(logits) if manifest["output"] == "sigmoid" else logits.softmax(1)
+    with open(args.out, "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["key", *[f"score_{c}" for c in range(scores.shape[1])]])
+        for key, row in zip(data["keys"].tolist(), scores.tolist(), strict=True):
+            writer.writerow([key, *[f"{v:.6f}" for v in row]])
+    print(f"{len(keys)} scores -> {args.out}", file=sys.stderr)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="party", required=True)
+    a = sub.add_parser("party-a", help="features -> activations file")
+    a.add_argument("--export", type=Path, required=True)
+    a.add_argument("--features", type=Path, required=True, help="the rows to score")
+    a.add_argument("--id-column", default="id")
+    a.add_argument("--raw", action="store_true", help="send z itself, unquantized")
+    a.add_argument("--out", type=Path, required=True)
+    a.set_defaults(func=party_a)
+    b = sub.add_parser("party-b", help="activations file -> scores CSV")
+    b.add_argument("--export", type=Path, required=True)
+    b.add_argument("--activations", type=Path, required=True)
+    b.add_argument("--table", type=Path, help="party B's table, when the model reads its columns")
+    b.add_argument("--out", type=Path, required=True)
+    b.set_defaults(func=party_b)
+    args = parser.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
