@@ -184,9 +184,13 @@ class PartyATrainer:
         return self.transport.get_run(local.remote_id)
 
     def _fingerprint(self) -> dict[str, Any]:
-        """The config a local run is found again by; ``pipeline_depth`` = 1 is left out, so
-        that state directories written before pipelining keep matching their runs."""
-        exclude = {"run": {"pipeline_depth"}} if self.config.run.pipeline_depth == 1 else None
+        """The config a local run is found again by; settings added since at their old
+        behaviour (``pipeline_depth`` = 1, no ``downlink``) are left out, so that state
+        directories written before them keep matching their runs."""
+        run = self.config.run
+        unset = {"pipeline_depth"} if run.pipeline_depth == 1 else set()
+        unset |= {"downlink"} if run.downlink is None else set()
+        exclude = {"run": unset} if unset else None
         return self.config.model_dump(mode="json", by_alias=True, exclude=exclude)
 
     def _create_key(self) -> str:

@@ -142,7 +142,10 @@ def _stored_before_versions(
             server=trainer.server,
             name=trainer.config.run.name,
             remote_id=run.id,
-            config=trainer.config.model_dump(mode="json", by_alias=True),
+            # as written then: without the settings added since (pipelining, downlink)
+            config=trainer.config.model_dump(
+                mode="json", by_alias=True, exclude={"run": {"pipeline_depth", "downlink"}}
+            ),
             alignment_key=run.alignment_key,
         )
     )
