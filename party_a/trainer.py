@@ -184,13 +184,18 @@ class PartyATrainer:
         return self.transport.get_run(local.remote_id)
 
     def _fingerprint(self) -> dict[str, Any]:
-        """The config a local run is found again by; settings added since at their old
-        behaviour (``pipeline_depth`` = 1, no ``downlink``) are left out, so that state
-        directories written before them keep matching their runs."""
-        run = self.config.run
+        """The config a local run is found again by. Settings added since at their old
+        behaviour (``pipeline_depth`` = 1, no ``downlink``, torch's AdaGrad start) are left
+        out, so that state directories written before them keep matching their runs."""
+        run, optimizers = self.config.run, self.config.optimizer
         unset = {"pipeline_depth"} if run.pipeline_depth == 1 else set()
         unset |= {"downlink"} if run.downlink is None else set()
-        exclude = {"run": unset} if unset else None
+        exclude: dict[str, Any] = {"run": unset}
+        for side in ("bottom", "top"):  # AdaGrad's accumulator start and eps: torch's defaults
+            spec = getattr(optimizers, side)
+            added = {"initial_accumulator"} if spec.initial_accumulator == 0.0 else set()
+            added |= {"eps"} if spec.eps is None else set()
+            exclude.setdefault("optimizer", {})[side] = added
         return self.config.model_dump(mode="json", by_alias=True, exclude=exclude)
 
     def _create_key(self) -> str:

@@ -144,7 +144,12 @@ def _stored_before_versions(
             remote_id=run.id,
             # as written then: without the settings added since (pipelining, downlink)
             config=trainer.config.model_dump(
-                mode="json", by_alias=True, exclude={"run": {"pipeline_depth", "downlink"}}
+                mode="json",
+                by_alias=True,
+                exclude={
+                    "run": {"pipeline_depth", "downlink"},
+                    "optimizer": {s: {"initial_accumulator", "eps"} for s in ("bottom", "top")},
+                },
             ),
             alignment_key=run.alignment_key,
         )
