@@ -3,7 +3,9 @@ that produces docs/RESULTS.md cannot rot; and its HTTP spot check."""
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -138,3 +140,24 @@ def test_headline_drops_pair_each_seed_and_use_only_steps_every_run_reached() ->
     assert row["drop"] == pytest.approx(1 - 0.5 / 0.7)
     assert row["drop_per_seed"] == pytest.approx([0.5, 0.0])
     assert relative_drops(records[:2]) == []
+
+
+def test_a_shorter_run_is_the_prefix_of_a_longer_one() -> None:
+    """The FEMNIST grid reads its 1,000-step SplitFed and headline points off the headline
+    pair's 2,000-step runs (experiments.figures.prefix_record): that is sound only if nothing
+    in a run depends on its length. Checked on a FedLite run (quantizer, correction, schedule
+    and Adam all in play): 4 steps alone and the first 4 of 8 give the same record."""
+    from experiments.figures import prefix_record
+    from experiments.runner import run_split
+
+    base = replace(SWEEPS["vertical"].jobs(smoke=True)[0], eval_every=4)
+    short, long = run_split(replace(base, steps=4)), run_split(replace(base, steps=8))
+    prefix = prefix_record(long, 4)
+
+    def numbers(record: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in row.items() if k != "seconds"} for row in record["curve"]]
+
+    assert prefix["key"] == short["key"] and prefix["prefix_of"] == long["key"]
+    assert numbers(prefix) == numbers(short)
+    assert prefix["final"] == {k: v for k, v in short["final"].items() if k.startswith("eval_")}
+    assert prefix["wire_bytes"] == short["wire_bytes"]
