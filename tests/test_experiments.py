@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from experiments.runner import RunConfig
 from experiments.sweep import load_records, run_sweep, write_summary
 from experiments.sweeps import SWEEPS
 from tests.utils.data import shared_data
@@ -150,7 +151,9 @@ def test_a_shorter_run_is_the_prefix_of_a_longer_one() -> None:
     from experiments.figures import prefix_record
     from experiments.runner import run_split
 
-    base = replace(SWEEPS["vertical"].jobs(smoke=True)[0], eval_every=4)
+    base = SWEEPS["vertical"].jobs(smoke=True)[0]
+    assert isinstance(base, RunConfig)
+    base = replace(base, eval_every=4)
     short, long = run_split(replace(base, steps=4)), run_split(replace(base, steps=8))
     prefix = prefix_record(long, 4)
 
