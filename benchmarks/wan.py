@@ -24,13 +24,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from benchmarks import netns
 from benchmarks.common import ROOT, versions, write_result
+from party_b.launch import child_process
 
 SCENARIOS = [(100.0, 10.0), (20.0, 40.0)]  # (Mbit/s, RTT ms)
 PORT_B, PORT_PROXY = 8000, 9000
@@ -136,23 +135,6 @@ def _python(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-@contextmanager
-def _process(
-    command: list[str], log: Path, env: dict[str, str]
-) -> Iterator[subprocess.Popen[bytes]]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _wait_healthy(link: netns.Link, proc: subprocess.Popen[bytes], log: Path) -> None:
     probe = f"import httpx; httpx.get('http://{link.addr_b}:{PORT_B}/healthz', timeout=2)"
     deadline = time.monotonic() + 180
@@ -188,7 +170,7 @@ def _task_runs(
     )  # fmt: skip
     records: list[dict[str, Any]] = []
     log_b = work / f"party_b-{task}.log"
-    with _process(netns.in_ns(link.ns_b, serve), log_b, env) as party_b:
+    with child_process(netns.in_ns(link.ns_b, serve), log_b, env=env, cwd=ROOT) as party_b:
         _wait_healthy(link, party_b, log_b)
         for mbit, rtt in args.scenarios:
             link.shape(mbit)
@@ -211,7 +193,9 @@ def _task_runs(
                 work / f"out-{task}-{label}.json",
             )
             spec_path.write_text(json.dumps(spec))
-            with _process(netns.in_ns(link.ns_a, proxy), work / f"proxy-{label}.log", env):
+            with child_process(
+                netns.in_ns(link.ns_a, proxy), work / f"proxy-{label}.log", env=env, cwd=ROOT
+            ):
                 time.sleep(1.0)
                 command = _python("benchmarks.wan", "party-a", str(spec_path), str(out_path))
                 done = subprocess.run(

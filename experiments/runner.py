@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +34,7 @@ from party_a.errors import problem_from_body
 from party_a.state import LocalStore
 from party_a.trainer import PartyATrainer, TrainSummary
 from party_b.inprocess import InProcessTransport, in_process_party_b
-from party_b.launch import wait_until_healthy
+from party_b.launch import child_process, free_port, wait_until_healthy
 from party_b.settings import Limits
 from shared.accounting import PAPER_PHI, paper_message_bits, pq_step_request_bytes
 from shared.models import build_bottom, cut_dim
@@ -186,17 +184,11 @@ def paper_uplink_bits(
 # ---------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def http_party_b(config: RunConfig, workdir: Path) -> Iterator[str]:
     """``fedlite-b serve --label-source experiments.tasks:label_source_from_env`` on a free
     port, one torch thread (so its arithmetic matches the in-process run); yields its URL."""
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         TASK_ENV: json.dumps({"task": config.task, "options": config.task_options}),
@@ -215,19 +207,10 @@ def http_party_b(config: RunConfig, workdir: Path) -> Iterator[str]:
         "--log-level", "warning",
     ]  # fmt: skip
     log_path = workdir / "party_b.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    try:
+    with child_process(cmd, log_path, env=env) as proc:
         wait_until_healthy(url, proc, log_path=log_path, timeout=120, poll_seconds=0.2)
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @contextmanager

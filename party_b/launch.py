@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["MALLOC_TUNING", "free_port", "local_party_b", "wait_until_healthy"]
+__all__ = ["MALLOC_TUNING", "child_process", "free_port", "local_party_b", "wait_until_healthy"]
 
 # glibc returns freed buffers above 128 KiB to the OS and faults them back in on the next
 # request (~2.4 us per 4 KiB page here); a 737 KB gradient per step pays that every time.
@@ -62,17 +62,31 @@ def local_party_b(
         *extra_args,
     ]  # fmt: skip
     log_path = data_dir / "party_b.log"
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=cwd
-        )
-    try:
+    with child_process(cmd, log_path, env={**os.environ, **(env or {})}, cwd=cwd) as proc:
         wait_until_healthy(url, proc, log_path=log_path, timeout=timeout)
         yield url
+
+
+@contextmanager
+def child_process(
+    cmd: Sequence[str],
+    log_path: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    grace_seconds: float = 20.0,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``cmd`` as a child process, its stdout and stderr appended to ``log_path``; at the end
+    SIGTERM (party B's graceful stop: finish the step in hand, close the store), then SIGKILL
+    if it has not exited after ``grace_seconds``."""
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    try:
+        yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=grace_seconds)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
