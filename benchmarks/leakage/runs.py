@@ -18,10 +18,11 @@ from numpy.typing import NDArray
 
 from experiments.runner import EXPERIMENT_LIMITS, RunConfig
 from experiments.tasks import load_task
+from party_a.bottom import StepResult
 from party_a.config import load_config
 from party_a.errors import problem_from_body
 from party_a.state import LocalStore
-from party_a.trainer import PartyATrainer
+from party_a.trainer import PartyATrainer, TrainSummary
 from party_b.inprocess import InProcessTransport, in_process_party_b
 from party_b.privacy import parse_policy
 from shared import codec
@@ -44,6 +45,7 @@ class LeakRun:
     lr: float = 0.003
     seed: int = 0
     eval_fraction: float = 0.2
+    eval_every: int = 0  # also evaluate the model every this many steps (learning curve)
 
     def party_a_config(self) -> RunConfig:
         return RunConfig(
@@ -72,6 +74,7 @@ class Recorded:
     metrics: list[dict[str, float]] = field(default_factory=list)
     model_auc: float = float("nan")
     downlink_bytes: int = 0
+    auc_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out AUC)
 
 
 class RecordingTransport(InProcessTransport):
@@ -126,10 +129,19 @@ def train_recorded(run: LeakRun, workdir: Path) -> Recorded:
         store=LocalStore.in_directory(workdir / "party_a"),
         server="in-process",
     )
+    if run.eval_every:
+
+        def evaluate_now(result: StepResult, summary: TrainSummary) -> None:
+            if summary.last_step % run.eval_every == 0 and summary.last_step < run.steps:
+                auc = float(trainer.evaluate().metrics["auc"])
+                recorded.auc_curve.append((summary.last_step, auc))
+
+        trainer.on_step = evaluate_now
     try:
         trainer.prepare()
         trainer.train()
         recorded.model_auc = float(trainer.evaluate().metrics["auc"])
+        recorded.auc_curve.append((run.steps, recorded.model_auc))
         trainer.finish()
     finally:
         trainer.close()

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from party_b.privacy.marvell import marvell_noise
 from party_b.privacy.policy import PrivacyPolicy
 
 __all__ = ["perturb_gradient", "randomized_labels", "visible_metrics"]
@@ -53,13 +54,19 @@ def randomized_labels(
     return torch.from_numpy(flipped.astype(np.int64))
 
 
-def perturb_gradient(grad: Tensor, policy: PrivacyPolicy, *, seed: int) -> Tensor:
+def perturb_gradient(
+    grad: Tensor, policy: PrivacyPolicy, *, seed: int, labels: Tensor | None = None
+) -> Tensor:
     """(rows, d) float32 gradient -> the one party A gets: max-norm alignment, isotropic noise
     of ``policy.noise`` and noise along the top principal directions of ``policy.directional``
-    times the batch's largest row norm (see ``PrivacyPolicy``). All noise is drawn from one
-    generator seeded with ``seed``, in a fixed order."""
+    times the batch's largest row norm, then Marvell's class-wise noise of budget
+    ``policy.marvell``, which needs the rows' binary ``labels`` (rows,) (see
+    ``PrivacyPolicy``). All noise is drawn from one generator seeded with ``seed``, in a fixed
+    order (new defences draw last, so the older ones' draws do not move)."""
     if not policy.perturbs_gradient or grad.numel() == 0:
         return grad
+    if policy.marvell > 0 and labels is None:
+        raise ValueError("marvell noise needs the batch's labels")
     generator = torch.Generator().manual_seed(seed & 0x7FFFFFFFFFFFFFFF)
     g = grad.detach().to(torch.float64)
     d = g.shape[1]
@@ -75,6 +82,9 @@ def perturb_gradient(grad: Tensor, policy: PrivacyPolicy, *, seed: int) -> Tenso
     out = g + noise * sigma[:, None]
     if policy.directional > 0:
         out += _principal_noise(g, policy, largest, generator)
+    if policy.marvell > 0:
+        assert labels is not None
+        out += marvell_noise(g, labels, policy.marvell, generator)[0]
     if policy.centred and g.shape[0] > 1:
         noise_sum = out - g
         out = g + (noise_sum - noise_sum.mean(dim=0, keepdim=True))

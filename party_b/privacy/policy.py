@@ -30,6 +30,12 @@ Fields (docs/PRIVACY.md measures what each costs):
   gradients differ, which for binary labels is the top principal direction): it hides the
   direction and principal-direction signals with about d / directions times less noise
   energy than isotropic noise of the same effect.
+- ``marvell``: Li et al.'s Marvell (``party_b.privacy.marvell``), binary classification
+  only: per batch, party B fits each class's gradients (mean, per-coordinate variance) and
+  adds to each row Gaussian noise of its class's covariance, the pair of covariances that
+  minimises the symmetrized KL divergence between the two classes' perturbed gradients
+  under a power budget ``p tr(S_1) + (1 - p) tr(S_0) <= marvell * ||m_1 - m_0||^2`` (the
+  paper's "Marvell with s", s = ``marvell``). Batches of one class get none.
 - ``centred``: subtract, per coordinate, the batch mean of all the noise above, so that the
   noise sums to zero over the batch's rows: party A's bottom-model gradient, a sum over rows,
   then loses the noise's common part (large, as the bottom's ReLU activations are all >= 0)
@@ -60,6 +66,7 @@ class PrivacyPolicy:
     noise: float = 0.0  # Gaussian noise, in units of the batch's largest row norm
     directional: float = 0.0  # noise along the top principal directions, same units
     directions: int = 2  # how many principal directions get ``directional`` noise
+    marvell: float = 0.0  # Marvell's power budget, in units of ||m_1 - m_0||^2; 0 = none
     centred: bool = False  # the noise sums to zero over the batch
     label_epsilon: float | None = None  # randomized response; None = labels as they are
 
@@ -72,6 +79,8 @@ class PrivacyPolicy:
             raise ValueError(f"noise must be a finite number >= 0, not {self.noise!r}")
         if not (math.isfinite(self.directional) and self.directional >= 0):
             raise ValueError(f"directional must be a finite number >= 0, not {self.directional!r}")
+        if not (math.isfinite(self.marvell) and self.marvell >= 0):
+            raise ValueError(f"marvell must be a finite number >= 0, not {self.marvell!r}")
         if not (isinstance(self.directions, int) and 1 <= self.directions <= 64):
             raise ValueError(f"directions must be an integer from 1 to 64, not {self.directions!r}")
         eps = self.label_epsilon
@@ -80,14 +89,15 @@ class PrivacyPolicy:
 
     @property
     def perturbs_gradient(self) -> bool:
-        return self.max_norm or self.noise > 0 or self.directional > 0
+        return self.max_norm or self.noise > 0 or self.directional > 0 or self.marvell > 0
 
     def to_stored(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_stored(cls, stored: dict[str, Any] | None) -> "PrivacyPolicy":
-        """The policy a run was created with; a run stored before policies trains as off."""
+        """The policy a run was created with; a run stored before policies trains as off,
+        one stored before a field existed gets that field's default (its defence off)."""
         return cls(**stored) if stored is not None else cls()
 
     def describe(self) -> str:
@@ -99,6 +109,8 @@ class PrivacyPolicy:
             parts.append(f"noise={self.noise:g}")
         if self.directional:
             parts.append(f"directional={self.directional:g},directions={self.directions}")
+        if self.marvell:
+            parts.append(f"marvell={self.marvell:g}")
         if self.centred:
             parts.append("centred=true")
         if self.label_epsilon is not None:

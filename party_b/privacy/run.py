@@ -71,6 +71,8 @@ def protected_step(
             seed=privacy.seed(0, "label-dp"),
         )
     outcome = trainer.compute_step(z_tilde, targets, side, dropout_seed=dropout_seed)
-    grad = perturb_gradient(outcome.grad, policy, seed=privacy.seed(step, "gradient-noise"))
+    grad = perturb_gradient(
+        outcome.grad, policy, seed=privacy.seed(step, "gradient-noise"), labels=targets
+    )
     loss, metrics = visible_metrics(outcome.loss, outcome.metrics, policy)
     return outcome, StepOutcome(loss=loss, metrics=metrics, grad=grad)

@@ -59,6 +59,11 @@ class RunService:
                 f"label_epsilon (randomized response) needs class labels; this label source "
                 f"is a {labels.task} task"
             )
+        if privacy.marvell > 0 and (labels.task != "classification" or labels.num_outputs != 2):
+            raise ValueError(
+                f"marvell needs binary class labels; this label source is a {labels.task} "
+                f"task with {labels.num_outputs} outputs"
+            )
         self.privacy = privacy
         self.sessions, self.labels, self.limits, self.metrics = sessions, labels, limits, metrics
         admission = Admission(labels, limits)

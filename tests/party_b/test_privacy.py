@@ -21,6 +21,7 @@ from party_b.api import create_app
 from party_b.metrics import Metrics
 from party_b.privacy import PRESETS, PrivacyPolicy, parse_policy
 from party_b.privacy.defences import perturb_gradient, randomized_labels
+from party_b.privacy.marvell import MarvellCovariance, marvell_noise, solve_marvell, sum_kl
 from party_b.service import RunService
 from party_b.settings import Limits, Settings
 from shared import codec
@@ -35,15 +36,17 @@ from tests.utils.small_runs import (
 )
 
 DEFENDED = parse_policy("recommended,label_epsilon=1,directional=0.5")
+MARVELL = parse_policy("metrics=loss,max_norm=true,marvell=2")
 STEPS = 6  # checkpoints every 2 steps (small_runs.run_spec)
 
 
+@pytest.mark.parametrize("policy", [DEFENDED, MARVELL], ids=["directional", "marvell"])
 def test_a_defended_run_replays_and_resumes_bit_identically_under_its_own_policy(
-    tmp_path: Path,
+    tmp_path: Path, policy: PrivacyPolicy
 ) -> None:
     # Prepare: a defended run of six steps, each step sent twice (a lost answer)
     party_b = small_party_b(tmp_path / "defended")
-    service = party_b.service(DEFENDED)
+    service = party_b.service(policy)
     run = aligned_in_process(service, party_b.caller)
     answers = []
     for step in range(1, STEPS + 1):
@@ -181,4 +184,117 @@ def test_randomized_response_needs_class_labels(tmp_path: Path) -> None:
             limits=Limits(),
             metrics=Metrics(),
             privacy=parse_policy("label_epsilon=1"),
+        )
+
+
+def test_two_runs_of_the_same_seed_get_different_noise_from_party_bs_secret(
+    tmp_path: Path,
+) -> None:
+    # Prepare: one party B, Marvell on; two runs with the same spec (party A's seed)
+    party_b = small_party_b(tmp_path)
+    service = party_b.service(MARVELL)
+    first = aligned_in_process(service, party_b.caller)
+    second = aligned_in_process(service, party_b.caller)
+    assert first.id != second.id
+
+    # Act: the same first step in each
+    a = codec.decode_step_response(service.step(party_b.caller, first.id, first.step_body(1)))
+    b = codec.decode_step_response(service.step(party_b.caller, second.id, second.step_body(1)))
+
+    # Assert: the same model and batch (same loss), but not the same noise: party A's seed
+    # does not fix party B's draws
+    assert a.loss == b.loss
+    assert not np.array_equal(a.grad, b.grad)
+
+
+def _two_class_batch(rows: int = 4000, d: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, d) float64 gradients of two classes: class 1 (30 %) around +e_0 with a wide
+    spread, class 0 around -0.2 e_0 with a narrow one."""
+    generator = torch.Generator().manual_seed(3)
+    labels = (torch.rand(rows, generator=generator) < 0.3).long()
+    mean = torch.zeros(rows, d, dtype=torch.float64)
+    mean[:, 0] = torch.where(labels == 1, 1.0, -0.2).double()
+    spread = torch.where(labels == 1, 0.3, 0.05).double()[:, None]
+    return mean + spread * torch.randn(rows, d, generator=generator, dtype=torch.float64), labels
+
+
+def test_marvell_solution_spends_its_budget_and_lowers_the_kl() -> None:
+    u, v, d, g, p = 0.0025, 0.09, 8, 1.44, 0.3
+    for budget in (0.25, 1.0, 4.0):
+        cov = solve_marvell(u, v, d, g, p, budget * g)
+        spent = sum(
+            share * (cov.along[c] + (d - 1) * cov.across[c]) for c, share in ((0, 1 - p), (1, p))
+        )
+        assert spent == pytest.approx(budget * g, rel=1e-9)
+        assert cov.across[1] == 0.0  # class 1 has the larger spread: no noise across it
+        none = sum_kl(u, v, d, g, MarvellCovariance((0.0, 0.0), (0.0, 0.0), 0.0))
+        assert cov.sum_kl < none
+        # no point of the budget's boundary found by a coarse search does better
+        for share in np.linspace(0.0, 1.0, 21):
+            for across in np.linspace(0.0, min(v - u, budget * g / ((1 - p) * (d - 1))), 11):
+                left = budget * g - (1 - p) * (d - 1) * across
+                other = MarvellCovariance(
+                    (share * left / (1 - p), (1 - share) * left / p), (across, 0.0), 0.0
+                )
+                assert cov.sum_kl <= sum_kl(u, v, d, g, other) + 1e-9
+    with pytest.raises(ValueError, match="both classes"):
+        solve_marvell(u, v, d, g, 1.0, g)
+
+
+def test_marvell_noise_has_each_classs_optimized_covariance() -> None:
+    g, labels = _two_class_batch()
+    noise, cov = marvell_noise(g, labels, 2.0, torch.Generator().manual_seed(4))
+    assert cov is not None
+    diff = g[labels == 1].mean(dim=0) - g[labels == 0].mean(dim=0)
+    unit = diff / diff.norm()
+    for c in (0, 1):
+        rows = noise[labels == c]
+        along = rows @ unit
+        across = rows - along[:, None] * unit[None, :]
+        # the sample variances match the solver's covariance (within sampling error)
+        assert float(along.var()) == pytest.approx(cov.along[c], rel=0.1, abs=1e-12)
+        per_direction = float(across.pow(2).sum(dim=1).mean()) / (g.shape[1] - 1)
+        assert per_direction == pytest.approx(cov.across[c], rel=0.1, abs=1e-12)
+    # the noisy classes are much closer in distribution than the true ones
+    u = float((g[labels == 0] - g[labels == 0].mean(dim=0)).pow(2).mean())
+    v = float((g[labels == 1] - g[labels == 1].mean(dim=0)).pow(2).mean())
+    zero_cov = MarvellCovariance((0.0, 0.0), (0.0, 0.0), 0.0)
+    assert cov.sum_kl < 0.05 * sum_kl(u, v, g.shape[1], float(diff.pow(2).sum()), zero_cov)
+    # a batch of one class gets no noise; the same seed gives the same noise
+    zero, none = marvell_noise(g, torch.zeros_like(labels), 2.0, torch.Generator())
+    assert none is None and not zero.any()
+    again, _ = marvell_noise(g, labels, 2.0, torch.Generator().manual_seed(4))
+    assert torch.equal(again, noise)
+
+
+def test_marvell_hides_the_labels_from_the_attacks_on_a_two_class_batch() -> None:
+    g, labels = _two_class_batch()
+    policy = PrivacyPolicy(marvell=4.0)
+    noisy = perturb_gradient(g.float(), policy, seed=9, labels=labels).double()
+    y = labels.numpy()
+
+    def auc(scores: torch.Tensor) -> float:
+        from sklearn.metrics import roc_auc_score
+
+        value = float(roc_auc_score(y, scores.numpy()))
+        return max(value, 1 - value)
+
+    unit = torch.zeros(g.shape[1], dtype=torch.float64)
+    unit[0] = 1.0
+    assert auc(g @ unit) > 0.99 and auc(g.norm(dim=1)) > 0.99  # readable undefended
+    assert auc(noisy @ unit) < 0.75 and auc(noisy.norm(dim=1)) < 0.75
+    with pytest.raises(ValueError, match="needs the batch's labels"):
+        perturb_gradient(g.float(), policy, seed=9)
+
+
+def test_marvell_needs_binary_class_labels(tmp_path: Path) -> None:
+    party_b = small_party_b(tmp_path)
+    tags = TagLabels(row_ids=["a", "b"], tags=np.array([[1, 0], [0, 1]], dtype=np.uint8))
+    with pytest.raises(ValueError, match="marvell needs binary class labels"):
+        RunService(
+            sessions=party_b.sessions,
+            labels=tags,
+            limits=Limits(),
+            metrics=Metrics(),
+            privacy=parse_policy("marvell=1"),
         )
