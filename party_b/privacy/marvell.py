@@ -15,9 +15,10 @@ p being the batch's share of class 1 and s the policy's ``marvell`` budget (the 
 direction of m_1 - m_0 and ``across[c]`` in each of the d - 1 orthogonal directions. Only
 the class of smaller variance ever gets noise across (it pays to equalise the two classes'
 spread, never to widen the larger), and for a fixed amount across, the rest of the budget
-splits along between the classes by a convex one-dimensional problem. Both searches are
-fixed-iteration golden sections in float64: the same batch always gets the same covariances,
-so a recomputed step's bytes do not change (bit-identical resume).
+splits along between the classes by a convex one-dimensional problem whose optimum is in
+closed form (the paper's). The amount across is found by a grid and a fixed-iteration golden
+section, in float64: the same batch always gets the same covariances, so a recomputed step's
+bytes do not change (bit-identical resume).
 """
 
 import math
@@ -31,7 +32,7 @@ __all__ = ["MarvellCovariance", "marvell_noise", "solve_marvell", "sum_kl"]
 
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 _ITERATIONS = 60  # golden-section steps: the bracket shrinks by 0.618^60 ~ 3e-13
-_GRID = 8  # coarse grid of the outer search, before its golden section
+_GRID = 16  # coarse grid of the outer search, before its golden section
 
 
 @dataclass(frozen=True)
@@ -92,13 +93,14 @@ def solve_marvell(
         """The best split of what the budget leaves after ``across``: (objective, cov)."""
         left = max(power - weight[small] * (d - 1) * across, 0.0)
         across_c = (across, 0.0) if small == 0 else (0.0, across)
-
-        def with_y(y: float) -> MarvellCovariance:  # y: class 1's variance along
-            x = max((left - p * y) / (1.0 - p), 0.0)
-            return MarvellCovariance((x, y), across_c, 0.0)
-
-        best_y = _golden_min(lambda y: sum_kl(u, v, d, g, with_y(y)), 0.0, left / p)
-        cov = with_y(best_y)
+        # Along m_1 - m_0 the objective is convex on the budget's line; its stationary point
+        # has (v + y) = e (u + x) with e below (Li et al.), clipped to the line's ends.
+        total = left + p * v + (1.0 - p) * u
+        e = math.sqrt((total + (1.0 - p) * g) / (total + p * g))
+        x = (left / p + v - e * u) / (e + (1.0 - p) / p)
+        x = min(max(x, 0.0), left / (1.0 - p))
+        y = max((left - (1.0 - p) * x) / p, 0.0)
+        cov = MarvellCovariance((x, y), across_c, 0.0)
         return sum_kl(u, v, d, g, cov), cov
 
     top = min(gap, power / (weight[small] * (d - 1))) if d > 1 else 0.0
