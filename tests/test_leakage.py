@@ -14,8 +14,9 @@ import pytest
 
 from benchmarks.leakage import report
 from benchmarks.leakage.attacks import ATTACKS, chance_auc, leak_auc
-from benchmarks.leakage.grid import BASE, records_of
+from benchmarks.leakage.grid import BASE, aggregate, records_of
 from benchmarks.leakage.runs import train_recorded
+from party_b.privacy import PRESETS
 
 SHORT = replace(BASE["breast"], steps=30)
 
@@ -70,4 +71,39 @@ def test_privacy_doc_shows_what_leakage_json_holds() -> None:
     section = text[text.index(report.BEGIN) + len(report.BEGIN) : text.index(report.END)]
     assert section.strip() == report.render(report.load()).strip(), (
         "docs/PRIVACY.md is stale: run python -m benchmarks.leakage.report"
+    )
+
+
+def test_records_over_seeds_pair_each_seed_with_its_own_undefended_run() -> None:
+    def run(defence: str, seed: int, model: float, undefended: float, leak: float) -> dict:
+        return {
+            "task": "t", "downlink": "float32", "defence": defence, "attack": "best",
+            "policy": defence, "seed": seed, "leak_auc": leak, "model_auc": model,
+            "model_auc_undefended": undefended, "chance_auc": 0.5,
+            "downlink_bytes_per_step": 1.0, "reply_loss_visible": True, "reply_metrics": [],
+            "auc_curve": [[10, model]], "settings": {"steps": 10},
+        }  # fmt: skip
+
+    runs = [
+        run("off", 0, 0.78, 0.78, 1.0),
+        run("off", 1, 0.76, 0.76, 1.0),
+        run("marvell=4", 1, 0.75, 0.76, 0.62),
+        run("marvell=4", 0, 0.775, 0.78, 0.58),
+    ]
+    (off, marvell) = aggregate(runs)
+    assert off["defence"] == "off" and off["auc_cost"] == 0.0
+    assert marvell["seeds"] == [0, 1]  # sorted by seed
+    assert marvell["model_auc_seeds"] == [0.775, 0.75]
+    assert marvell["auc_cost"] == pytest.approx(0.0075)  # mean of 0.005 and 0.01
+    assert marvell["auc_cost_sd"] == pytest.approx(np.std([0.005, 0.01], ddof=1))
+    assert marvell["leak_auc"] == pytest.approx(0.6)
+    assert marvell["leak_auc_sd"] == pytest.approx(np.std([0.58, 0.62], ddof=1))
+
+
+def test_the_recommended_runs_of_leakage_json_ran_todays_recommended_preset() -> None:
+    recommended = [r for r in report.load()["records"] if r["defence"] == "recommended"]
+    assert recommended, "leakage.json has no run of the recommended setting"
+    assert {r["policy"] for r in recommended} == {PRESETS["recommended"].describe()}, (
+        "the recommended preset changed since leakage.json was measured: re-run "
+        "python -m benchmarks.leakage --only recommended --merge"
     )

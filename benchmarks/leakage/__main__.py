@@ -1,16 +1,21 @@
 """How much of party B's labels party A can read from training, per defence: leakage.json.
 
-    python -m benchmarks.leakage              # the grid below, one process per task
-    python -m benchmarks.leakage --smoke      # two 10-step runs per task, to check the pipeline
-    python -m benchmarks.leakage.report       # renders the tables into docs/PRIVACY.md
+    python -m benchmarks.leakage                   # the grid (grid.GRID), every seed
+    python -m benchmarks.leakage --only marvell --merge   # re-run a part, keep the rest
+    python -m benchmarks.leakage --smoke           # two 10-step runs per task and seed
+    python -m benchmarks.leakage.report            # renders the tables into docs/PRIVACY.md
 
 Every run is real training through the product (``benchmarks.leakage.runs``); the attacks
 (``benchmarks.leakage.attacks``) read the gradients party A decoded from the step replies.
-One record per (task, downlink representation, defence, attack), attack "best" being the
-maximum over the three: ``leak_auc`` (the attacker's AUC, best sign per batch), ``model_auc``
-(held-out AUC of the trained model, computed by party B), ``model_auc_undefended`` (the same
-task and downlink with privacy ``off``), and ``chance_auc`` (the leak AUC of scores that know
-nothing, the floor the best-sign rule gives for free on these batch sizes).
+The JSON holds ``runs``, one record per (task, downlink, defence, seed, attack), and
+``records``, the same over seeds: one per (task, downlink, defence, attack), attack "best"
+being the maximum over the three per seed; ``leak_auc`` (the attacker's AUC, best sign per
+batch), ``model_auc`` (held-out AUC of the trained model, computed by party B),
+``model_auc_undefended`` (the same task, downlink and seed with privacy ``off``), the cost
+between them, each as a mean, a sample standard deviation and the per-seed values, and
+``chance_auc`` (the leak AUC of scores that know nothing: the floor the best-sign rule gives
+for free on these batch sizes). ``--merge`` replaces the runs it re-ran and keeps the others;
+``invocations`` lists every command that contributed.
 """
 
 import argparse
@@ -21,16 +26,25 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks.common import RESULTS, machine
-from benchmarks.leakage.grid import BASE, task_records
+from benchmarks.leakage.grid import BASE, SEEDS, aggregate, order, seed_records
+
+
+def _key(record: dict[str, Any]) -> tuple[str, str, str, int, str]:
+    return (record["task"], record["downlink"], record["defence"], record["seed"], record["attack"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="two 10-step runs per task")
     parser.add_argument("--tasks", nargs="+", default=list(BASE), choices=list(BASE))
-    parser.add_argument("--out", default=str(RESULTS / "leakage.json"))
+    parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
+    parser.add_argument("--only", help='regular expression over "task/downlink/defence"')
+    parser.add_argument("--merge", action="store_true", help="keep the JSON's other runs")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "leakage.json")
     parser.add_argument(
         "--workdir",
         type=Path,
@@ -41,24 +55,46 @@ def main() -> None:
     started = time.time()
     load_before = list(os.getloadavg())
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fedlite-leakage-"))
+    # the long task first, so that the short ones fill in around it
+    jobs = [(t, s) for t in sorted(args.tasks, key=lambda t: -BASE[t].steps) for s in args.seeds]
     try:
-        with multiprocessing.get_context("spawn").Pool(len(args.tasks)) as pool:
-            jobs = [pool.apply_async(task_records, (t, args.smoke, workdir)) for t in args.tasks]
-            records = [r for job in jobs for r in job.get()]
+        with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+            pending = [
+                pool.apply_async(seed_records, (t, s, args.smoke, args.only, workdir))
+                for t, s in jobs
+            ]
+            runs = [r for job in pending for r in job.get()]
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    doc = {
-        "command": "python -m benchmarks.leakage" + (" --smoke" if args.smoke else ""),
+    invocation = {
+        "command": "python -m benchmarks.leakage "
+        + " ".join(
+            [*(["--smoke"] if args.smoke else [])]
+            + [f"--tasks {' '.join(args.tasks)}", f"--seeds {' '.join(map(str, args.seeds))}"]
+            + ([f"--only '{args.only}'"] if args.only else [])
+            + (["--merge"] if args.merge else [])
+        ),
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "seconds": time.time() - started,
-        "machine": machine(),
+        "runs": len({_key(r)[:4] for r in runs}),
         "loadavg_before": load_before,
         "loadavg_after": list(os.getloadavg()),
-        "records": records,
     }
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    invocations = [invocation]
+    if args.merge and args.out.exists():
+        old = json.loads(args.out.read_text())
+        fresh = {_key(r) for r in runs}
+        runs = [r for r in old.get("runs", []) if _key(r) not in fresh] + runs
+        invocations = old.get("invocations", []) + invocations
+    runs.sort(key=order)
+    doc = {
+        "machine": machine(),
+        "invocations": invocations,
+        "runs": runs,
+        "records": aggregate(runs),
+    }
+    args.out.write_text(json.dumps(doc, indent=1))
     print(f"wrote {args.out}")
 
 
