@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks.leakage import report
 from benchmarks.leakage.attacks import ATTACKS, chance_auc, leak_auc
-from benchmarks.leakage.grid import BASE, aggregate, records_of
+from benchmarks.leakage.grid import BASE, aggregate, grid, records_of
 from benchmarks.leakage.runs import train_recorded
 from party_b.privacy import PRESETS
 
@@ -107,3 +107,15 @@ def test_the_recommended_runs_of_leakage_json_ran_todays_recommended_preset() ->
         "the recommended preset changed since leakage.json was measured: re-run "
         "python -m benchmarks.leakage --only recommended --merge"
     )
+
+
+def test_only_picks_runs_and_keeps_their_undefended_references() -> None:
+    picked = grid("default_credit", 1, smoke=False, only="marvell=4$")
+    assert [(r.downlink, r.privacy, r.seed) for r in picked] == [
+        ("float32", "off", 1),
+        ("float32", "marvell=4", 1),
+    ]
+    assert picked[0].eval_every > 0 and picked[1].eval_every == 0  # off records its curve
+    compressed = grid("breast", 0, smoke=False, only="int2")
+    assert [(r.downlink, r.privacy) for r in compressed] == [("int2", "off")]
+    assert grid("breast", 1, smoke=False, only="int2") == []  # one seed only
