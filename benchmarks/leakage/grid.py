@@ -107,13 +107,24 @@ def grid(task: str, seed: int, smoke: bool, only: str | None) -> list[LeakRun]:
 
 
 def seed_records(
-    task: str, seed: int, smoke: bool, only: str | None, workdir: Path
+    task: str,
+    seed: int,
+    smoke: bool,
+    only: str | None,
+    workdir: Path,
+    known: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every run of one task and seed, in order (one process each: they share no state)."""
+    """Every run of one task and seed, in order (one process each: they share no state).
+    ``known``: downlink -> held-out AUC of this task and seed's undefended run, measured
+    before (``--merge``): such a reference is not run again unless ``only`` picks it (an
+    undefended run has no random draws beyond the seed's: it gives the same model)."""
     torch.set_num_threads(1)  # tiny models on a shared machine: more threads only contend
     records: list[dict[str, Any]] = []
-    undefended: dict[str, float] = {}
+    undefended: dict[str, float] = dict(known or {})
     for run in grid(task, seed, smoke, only):
+        picked = only is not None and re.search(only, f"{task}/{run.downlink}/off") is not None
+        if run.privacy == "off" and run.downlink in undefended and not picked:
+            continue
         t0 = time.perf_counter()
         got = train_recorded(run, workdir / f"{task}-s{seed}")
         if run.privacy == "off":

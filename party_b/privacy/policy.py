@@ -122,7 +122,7 @@ class PrivacyPolicy:
 # (leak AUC <= 0.6 on default_credit at <= 0.01 model AUC loss); change both together.
 PRESETS: dict[str, PrivacyPolicy] = {
     "off": PrivacyPolicy(),
-    "recommended": PrivacyPolicy(metrics="loss", max_norm=True, directional=1.5, directions=2),
+    "recommended": PrivacyPolicy(metrics="loss", marvell=10.0),
 }
 
 

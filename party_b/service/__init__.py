@@ -62,7 +62,8 @@ class RunService:
         if privacy.marvell > 0 and (labels.task != "classification" or labels.num_outputs != 2):
             raise ValueError(
                 f"marvell needs binary class labels; this label source is a {labels.task} "
-                f"task with {labels.num_outputs} outputs"
+                f"task with {labels.num_outputs} outputs (the recommended preset uses marvell: "
+                "override it, e.g. 'recommended,marvell=0,noise=4', see docs/PRIVACY.md)"
             )
         self.privacy = privacy
         self.sessions, self.labels, self.limits, self.metrics = sessions, labels, limits, metrics
