@@ -26,6 +26,7 @@ BASE = {
     "default_credit": LeakRun(task="default_credit", steps=600, batch_size=256, q=8, L=16),
 }
 SEEDS = (0, 1, 2)  # party A's seed (model, batches); party B's noise has its own secret
+HEADLINE_SEEDS = (0, 1, 2, 3, 4, 5)  # the recommended setting and its reference: the verdict
 CURVE_POINTS = 6  # held-out evaluations along the off and recommended runs
 MARVELL_CURVE = (2.0, 4.0, 8.0, 16.0, 32.0)
 PREVIOUS = "metrics=loss,max_norm=true,directional=1.5,directions=2"  # recommended until now
@@ -41,13 +42,13 @@ class Entry:
 
 
 GRID: tuple[Entry, ...] = (
-    Entry("float32", "off"),
+    Entry("float32", "off", HEADLINE_SEEDS),
     Entry("float32", "max_norm=true"),
     Entry("float32", "noise=4"),
     Entry("float32", PREVIOUS),
     *(Entry("float32", f"marvell={s:g}") for s in MARVELL_CURVE),
     Entry("float32", "label_epsilon=1", (0,)),
-    Entry("float32", "recommended"),
+    Entry("float32", "recommended", HEADLINE_SEEDS),
     # Does compressing the downlink hide labels by itself? (branch downlink's
     # representations, undefended, one seed)
     *(Entry(downlink, "off", (0,)) for downlink in ("float16", "int2", "topk:k=4", "pq:q=8,L=4")),
