@@ -191,10 +191,17 @@ def figure(doc: dict[str, Any]) -> None:
                 for scale, best in points:
                     ax.annotate(f"{scale:g}", (best["leak_auc"], best["auc_cost"]), fontsize=7,
                                 xytext=(3, 3), textcoords="offset points")  # fmt: skip
+        rec = _by_run(doc["records"]).get((task, "float32", "recommended"))
+        if rec is not None:
+            best = rec["best"]
+            ax.errorbar([best["leak_auc"]], [best["auc_cost"]], xerr=[best["leak_auc_sd"]],
+                        yerr=[best["auc_cost_sd"]], marker="*", markersize=11, capsize=2,
+                        linestyle="none", color="black",
+                        label=f"recommended ({best['policy']})")  # fmt: skip
         ax.axvline(TARGET_LEAK, color="grey", linestyle=":", linewidth=1)
         ax.axhline(TARGET_COST, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel("leak AUC (best attack, best sign per batch)")
-        ax.set_ylabel("model AUC cost (undefended − defended, same seed)")
+        ax.set_ylabel("model AUC cost (vs undefended, same seed)")
         ax.set_title(f"{task}: privacy-utility, float32 downlink")
         ax.legend()
     fig.tight_layout()
