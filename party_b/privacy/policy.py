@@ -91,6 +91,21 @@ class PrivacyPolicy:
     def perturbs_gradient(self) -> bool:
         return self.max_norm or self.noise > 0 or self.directional > 0 or self.marvell > 0
 
+    def check_labels(self, task: str, num_outputs: int) -> None:
+        """Raise ValueError if a label source of this ``task`` ("classification", ...) and
+        ``num_outputs`` cannot run this policy's defences."""
+        if self.label_epsilon is not None and task != "classification":
+            raise ValueError(
+                f"label_epsilon (randomized response) needs class labels; this label source "
+                f"is a {task} task"
+            )
+        if self.marvell > 0 and (task != "classification" or num_outputs != 2):
+            raise ValueError(
+                f"marvell needs binary class labels; this label source is a {task} task with "
+                f"{num_outputs} outputs (the recommended preset uses marvell: override it, "
+                "e.g. 'recommended,marvell=0,noise=4', see docs/PRIVACY.md)"
+            )
+
     def to_stored(self) -> dict[str, Any]:
         return asdict(self)
 

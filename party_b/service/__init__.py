@@ -54,17 +54,7 @@ class RunService:
     ) -> None:
         """``privacy``: the label-privacy policy every new run gets (default: off)."""
         privacy = privacy or PrivacyPolicy()
-        if privacy.label_epsilon is not None and labels.task != "classification":
-            raise ValueError(
-                f"label_epsilon (randomized response) needs class labels; this label source "
-                f"is a {labels.task} task"
-            )
-        if privacy.marvell > 0 and (labels.task != "classification" or labels.num_outputs != 2):
-            raise ValueError(
-                f"marvell needs binary class labels; this label source is a {labels.task} "
-                f"task with {labels.num_outputs} outputs (the recommended preset uses marvell: "
-                "override it, e.g. 'recommended,marvell=0,noise=4', see docs/PRIVACY.md)"
-            )
+        privacy.check_labels(labels.task, labels.num_outputs)
         self.privacy = privacy
         self.sessions, self.labels, self.limits, self.metrics = sessions, labels, limits, metrics
         admission = Admission(labels, limits)
