@@ -36,6 +36,19 @@ def _key(record: dict[str, Any]) -> tuple[str, str, str, int, str]:
     return (record["task"], record["downlink"], record["defence"], record["seed"], record["attack"])
 
 
+def dump(doc: dict[str, Any]) -> str:
+    """The JSON with one line per record (a few hundred records: indenting each field would
+    make the file ten times longer to read through)."""
+    parts = []
+    for key, value in doc.items():
+        if key in ("runs", "records"):
+            body = ",\n  ".join(json.dumps(r) for r in value)
+            parts.append(f'"{key}": [\n  {body}\n ]')
+        else:
+            parts.append(f"{json.dumps(key)}: {json.dumps(value)}")
+    return "{\n " + ",\n ".join(parts) + "\n}\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="two 10-step runs per task")
@@ -100,7 +113,7 @@ def main() -> None:
         "runs": runs,
         "records": aggregate(runs),
     }
-    args.out.write_text(json.dumps(doc, indent=1))
+    args.out.write_text(dump(doc))
     print(f"wrote {args.out}")
 
 
