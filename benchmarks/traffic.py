@@ -4,12 +4,15 @@
     python -m benchmarks.traffic --tasks default_credit --steps 100
     python -m benchmarks.traffic --steps femnist=150 default_credit=200 --cached-only
     python -m benchmarks.traffic --smoke             # 3 steps of tiny runs (tests)
+    python -m benchmarks.traffic --tasks breast default_credit --seeds 0 1 2
 
 Each method is one real run of ``experiments.runner.run_split`` through party B's service in
 process (``party_b.inprocess``): the bytes are ``len()`` of the encoded step requests party A
 sent and of the step responses it got back, counted by party A's trainer, divided by the
 steps. Every method of a task trains for the same steps as the task's SplitFed run (raw
-float32 activations up, float32 gradients down), which gives ``splitfed_*``. Writes
+float32 activations up, float32 gradients down) of the same seed, which gives
+``splitfed_*``; ``--seeds`` repeats every method with each seed (split, initialisation and
+batches all follow the seed), one record per seed. Writes
 ``benchmarks/results/traffic.json`` with one record per run; each finished run is also kept
 under ``benchmarks/results/traffic-runs/`` so an interrupted benchmark resumes where it was.
 """
@@ -68,6 +71,39 @@ FEMNIST = Task(
     lam=2e-4,
     methods=("float32", "int2", "int1", "topk:k=256", "pq:q=1152,L=2"),
 )
+# The downlinks measured at a small cut layer (d = 32): how the default for new runs was
+# chosen below d = 256 (docs/PERFORMANCE.md, "Traffic"); top-k keeps d/4, d/8 and d/36 (the
+# fraction FEMNIST's top-256 keeps of d = 9216) of each row.
+SMALL_D_DOWNLINKS = (
+    "float32",
+    "float16",
+    "int8",
+    "int4",
+    "int2",
+    "int1",
+    "topk:k=8",
+    "topk:k=4",
+    "topk:k=1",
+)
+BREAST = Task(
+    # the demo (examples/breast.toml): 100 steps of 32 rows, Adam 0.003, d = 32, q = 8, L = 4
+    base=RunConfig(
+        task="breast",
+        method="splitfed",
+        steps=100,
+        batch_size=32,
+        lr_bottom=0.003,
+        lr_top=0.003,
+        optimizer="adam",
+        eval_fraction=0.2,
+        eval_every=10**9,
+    ),
+    metric="auc",
+    q=8,
+    L=4,
+    lam=1e-3,
+    methods=SMALL_D_DOWNLINKS,
+)
 DEFAULT_CREDIT = Task(
     base=RunConfig(
         task="default_credit",
@@ -84,7 +120,7 @@ DEFAULT_CREDIT = Task(
     q=8,
     L=16,
     lam=0.0,
-    methods=("float32", "int8", "int2", "int1", "topk:k=4", "pq:q=8,L=16"),
+    methods=(*SMALL_D_DOWNLINKS, "pq:q=8,L=16"),
 )
 SHAKESPEARE = Task(
     base=RunConfig(
@@ -105,7 +141,12 @@ SHAKESPEARE = Task(
     lam=1e-3,
     methods=("float32", "int8", "int2", "int1", "topk:k=12", "pq:q=12,L=30"),
 )
-TASKS = {"femnist": FEMNIST, "default_credit": DEFAULT_CREDIT, "shakespeare": SHAKESPEARE}
+TASKS = {
+    "femnist": FEMNIST,
+    "breast": BREAST,
+    "default_credit": DEFAULT_CREDIT,
+    "shakespeare": SHAKESPEARE,
+}
 SMOKE_OPTIONS = {
     "femnist": {"max_clients": 6},
     "shakespeare": {"max_clients": 6, "vocab_words": 200, "hidden": 32},
@@ -126,8 +167,8 @@ def methods_of(
     return out
 
 
-def run_config(task: Task, method: Method, steps: int, smoke: bool) -> RunConfig:
-    base = replace(task.base, steps=steps, eval_every=steps)
+def run_config(task: Task, method: Method, steps: int, smoke: bool, seed: int = 0) -> RunConfig:
+    base = replace(task.base, steps=steps, eval_every=steps, seed=seed)
     if smoke:
         clients = 2 if base.clients_per_step else None
         base = replace(
@@ -169,39 +210,60 @@ def records(
     downlinks: list[str] | None = None,
     f16_codebook: bool = False,
     cached_only: bool = False,
+    seeds: tuple[int, ...] = (0,),
 ) -> list[dict[str, Any]]:
-    """One record per (task, method): measured bytes per step both ways and the metric.
+    """One record per (task, seed, method): measured bytes per step both ways and the metric.
 
-    ``cached_only``: the runs already kept under ``cache`` only (a task without its SplitFed
-    run is left out)."""
+    ``cached_only``: the runs already kept under ``cache`` only (a task and seed without its
+    SplitFed run is left out)."""
     out = []
     for name in tasks:
-        task = TASKS[name]
-        found = {
-            method: _run(run_config(task, method, steps[name], smoke), cache, cached_only)
-            for method in methods_of(task, downlinks, f16_codebook=f16_codebook)
-        }
-        runs = {method: record for method, record in found.items() if record is not None}
-        splitfed = runs.get(Method("raw", "float32"))
-        if splitfed is None:
-            continue
-        sf_up, sf_down = _per_step(splitfed)
-        for method, record in runs.items():
-            up, down = _per_step(record)
-            out.append(
-                {
-                    "task": name,
-                    "method": method.name,
-                    "steps": record["steps"],
-                    "uplink_bytes_per_step": up,
-                    "downlink_bytes_per_step": down,
-                    "splitfed_bytes_per_step": sf_up + sf_down,
-                    "total_ratio": (sf_up + sf_down) / (up + down),
-                    "metric": task.metric,
-                    "value": record["final"][f"eval_{task.metric}"],
-                    "splitfed_value": splitfed["final"][f"eval_{task.metric}"],
-                }
+        for seed in seeds:
+            out += _task_records(
+                name, steps[name], smoke, cache, downlinks, f16_codebook, cached_only, seed
             )
+    return out
+
+
+def _task_records(
+    name: str,
+    steps: int,
+    smoke: bool,
+    cache: Path,
+    downlinks: list[str] | None,
+    f16_codebook: bool,
+    cached_only: bool,
+    seed: int,
+) -> list[dict[str, Any]]:
+    """The records of one task at one seed (none when its SplitFed run is missing)."""
+    task = TASKS[name]
+    found = {
+        method: _run(run_config(task, method, steps, smoke, seed), cache, cached_only)
+        for method in methods_of(task, downlinks, f16_codebook=f16_codebook)
+    }
+    runs = {method: record for method, record in found.items() if record is not None}
+    splitfed = runs.get(Method("raw", "float32"))
+    if splitfed is None:
+        return []
+    sf_up, sf_down = _per_step(splitfed)
+    out = []
+    for method, record in runs.items():
+        up, down = _per_step(record)
+        out.append(
+            {
+                "task": name,
+                "seed": seed,
+                "method": method.name,
+                "steps": record["steps"],
+                "uplink_bytes_per_step": up,
+                "downlink_bytes_per_step": down,
+                "splitfed_bytes_per_step": sf_up + sf_down,
+                "total_ratio": (sf_up + sf_down) / (up + down),
+                "metric": task.metric,
+                "value": record["final"][f"eval_{task.metric}"],
+                "splitfed_value": splitfed["final"][f"eval_{task.metric}"],
+            }
+        )
     return out
 
 
@@ -234,6 +296,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--f16-codebook", action="store_true", help="also the last downlink, float16 codebooks"
     )
+    parser.add_argument(
+        "--seeds", nargs="+", type=int, default=[0], help="run every method with each seed"
+    )
     parser.add_argument("--out", type=Path, help="the JSON file (default: results/traffic.json)")
     args = parser.parse_args(argv)
     steps = {name: 3 if args.smoke else _steps(args.steps, name) for name in args.tasks}
@@ -247,11 +312,13 @@ def main(argv: list[str] | None = None) -> None:
         downlinks=args.downlinks,
         f16_codebook=args.f16_codebook,
         cached_only=args.cached_only,
+        seeds=tuple(args.seeds),
     )
     path = write_result("traffic", {"records": rows}, out)
     for row in rows:
         print(
-            f"{row['task']:15} {row['method']:45} up {row['uplink_bytes_per_step']:>11,.0f} B "
+            f"{row['task']:15} s{row['seed']} {row['method']:45} "
+            f"up {row['uplink_bytes_per_step']:>11,.0f} B "
             f"down {row['downlink_bytes_per_step']:>11,.0f} B  x{row['total_ratio']:7.1f}  "
             f"{row['metric']} {row['value']:.4f} (SplitFed {row['splitfed_value']:.4f})"
         )
