@@ -29,6 +29,7 @@ from api_schemas.runs import (
     ShuffleSchedule,
     StepLogOut,
     StepLogPage,
+    default_downlink,
 )
 
 __all__ = [
@@ -54,4 +55,5 @@ __all__ = [
     "ShuffleSchedule",
     "StepLogOut",
     "StepLogPage",
+    "default_downlink",
 ]

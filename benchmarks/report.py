@@ -211,25 +211,40 @@ def schedule_table(doc: dict[str, Any]) -> list[str]:
 
 
 def traffic_table(doc: dict[str, Any]) -> list[str]:
-    """One row per record of benchmarks/results/traffic.json, task by task."""
+    """One row per (task, method) of benchmarks/results/traffic.json: bytes, and the metric
+    as the mean over the seeds with its range (records without a seed are seed 0)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in doc["records"]:
+        groups.setdefault((r["task"], r["method"]), []).append(r)
     lines = [
         f"*{doc['when']}; `{doc['command']}`; bytes are len() of the real step messages, "
         "per step, averaged over the run; every method of a task trains for the same steps "
-        "as its SplitFed run*",
+        "as its SplitFed run of the same seed; value: the mean over the seeds (min-max); "
+        "relative change: the mean of each seed's change against its SplitFed run*",
         "",
-        "| task | method (uplink / downlink) | steps | up B/step | down B/step | SplitFed "
+        "| task | method (uplink / downlink) | seeds | steps | up B/step | down B/step | SplitFed "
         "B/step (both ways) | total ratio | metric | value | SplitFed | relative change |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in doc["records"]:
-        change = (r["value"] - r["splitfed_value"]) / r["splitfed_value"]
+    for (task, method), runs in groups.items():
+        values = [r["value"] for r in runs]
+        spread = f" ({min(values):.4f}-{max(values):.4f})" if len(runs) > 1 else ""
+        change = sum((r["value"] - r["splitfed_value"]) / r["splitfed_value"] for r in runs)
+        r = runs[0]
         lines.append(
-            f"| {r['task']} | {r['method']} | {r['steps']} | {r['uplink_bytes_per_step']:,.0f} "
-            f"| {r['downlink_bytes_per_step']:,.0f} | {r['splitfed_bytes_per_step']:,.0f} "
-            f"| {r['total_ratio']:,.1f}x | {r['metric']} | {r['value']:.4f} "
-            f"| {r['splitfed_value']:.4f} | {100 * change:+.1f} % |"
+            f"| {task} | {method} | {len(runs)} | {r['steps']} "
+            f"| {_mean(runs, 'uplink_bytes_per_step'):,.0f} "
+            f"| {_mean(runs, 'downlink_bytes_per_step'):,.0f} "
+            f"| {_mean(runs, 'splitfed_bytes_per_step'):,.0f} "
+            f"| {_mean(runs, 'total_ratio'):,.1f}x | {r['metric']} "
+            f"| {sum(values) / len(runs):.4f}{spread} | {_mean(runs, 'splitfed_value'):.4f} "
+            f"| {100 * change / len(runs):+.1f} % |"
         )
     return lines
+
+
+def _mean(runs: list[dict[str, Any]], key: str) -> float:
+    return float(sum(r[key] for r in runs) / len(runs))
 
 
 def render() -> str:

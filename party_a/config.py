@@ -11,7 +11,9 @@ Example (every table but [run] is optional)::
     checkpoint_interval = 25
     eval_fraction = 0.2
     use_side_features = true     # party B feeds its own columns to the top model
-    # downlink = "int8"          # how party B's gradients travel back (docs/PROTOCOL.md s. 3)
+    # downlink = "int8"          # how party B's gradients travel back (docs/PROTOCOL.md
+                                 # 4.2.1); unset: the default of the cut width d (int4 below
+                                 # d = 9181, topk:k=ceil(d/36) above)
     schedule = { kind = "shuffle" }  # or { kind = "clients", clients_per_step = 10 }
     pipeline_depth = 1           # steps in flight (docs/PROTOCOL.md, "Pipelining")
 
@@ -83,7 +85,8 @@ class RunSection(_Strict):
     eval_fraction: float = Field(default=0.2, ge=0, lt=1)
     use_side_features: bool = True
     grad_dtype: Literal["float32", "float16"] = "float32"
-    downlink: str | None = None  # party B's gradient representation; None: its default
+    # party B's gradient representation; None: RunCreate's default for the cut_dim
+    downlink: str | None = None
     # steps in flight at once (party_a.pipeline): 1 = send a step, wait, apply, as before
     pipeline_depth: int = Field(default=1, ge=1, le=16)
 

@@ -1,6 +1,7 @@
 """How party B's gradient travels back to party A: a run's downlink representation.
 
-A run names its representation with one string (``RunCreate.downlink``), parsed into a
+A run names its representation with one string (``RunCreate.downlink``; a new run that
+names none gets ``api_schemas.default_downlink`` of its cut width), parsed into a
 ``DownlinkSpec``::
 
     "float32"                    4 bytes per value (the original StepResponse)
@@ -33,7 +34,6 @@ from shared.wire.arrays import check_float32, float_bin
 from shared.wire.reader import DEFAULT_LIMITS, CodecError, DecodeLimits, Fields
 
 __all__ = [
-    "DEFAULT_DOWNLINK",
     "KINDS",
     "DownlinkSpec",
     "decode_gradient",
@@ -43,8 +43,6 @@ __all__ = [
 ]
 
 KINDS: Final = ("float32", "float16", "bfloat16", "int", "topk", "pq")
-# The representation of runs that name none (and of every run stored before the field).
-DEFAULT_DOWNLINK: Final = "float32"
 _PARAMS: Final = {"topk": ("k",), "pq": ("q", "L", "R", "it", "cb")}
 _LEGACY_KEYS: Final = frozenset({"dt", "g"})
 _COMPRESSED_KEYS: Final = frozenset({"gr"})

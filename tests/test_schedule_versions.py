@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from api_schemas import RunCreate
+from api_schemas import RunCreate, default_downlink
 from party_a.errors import problem_from_body
 from party_a.features import load_features
 from party_a.state import LocalRun, LocalStore
@@ -126,15 +126,18 @@ def _party_a(tmp_path: Path, features: Path, party_b: tuple[RunService, Caller])
 def _stored_before_versions(
     tmp_path: Path, trainer: PartyATrainer, party_b: tuple[RunService, Caller]
 ) -> None:
-    """The state both parties would hold had the run been created before schedule versions:
-    party B's row has no ``schedule_version``, party A's state directory knows the run."""
+    """The state both parties would hold had the run been created before schedule versions
+    and downlinks: party B's row has neither ``schedule_version`` nor ``downlink`` (its
+    gradients go as float32), party A's state directory knows the run."""
     service, caller = party_b
     run = service.create_run(caller, trainer.config.run_create(trainer.cut_dim))
     engine = store.make_engine(f"sqlite:///{tmp_path / 'b.sqlite'}")
     with store.make_session_factory(engine)() as session:
         row = session.get(store.Run, run.id)
         assert row is not None
-        row.config = {k: v for k, v in row.config.items() if k != "schedule_version"}
+        row.config = {
+            k: v for k, v in row.config.items() if k not in ("schedule_version", "downlink")
+        }
         session.commit()
     engine.dispose()
     trainer.store.add_run(
@@ -184,6 +187,8 @@ def _train(tmp_path: Path, *, old: bool, stop_at: int | None = None) -> tuple[in
     trainer.close()
     assert remote.step == 12 and remote.model_sha256 is not None
     assert remote.config.schedule_version == trainer.schedule_version
+    # a run stored before the field keeps float32; a new one gets the default of its d
+    assert remote.config.downlink == ("float32" if old else default_downlink(trainer.cut_dim))
     return trainer.schedule_version, remote.model_sha256
 
 

@@ -8,6 +8,7 @@ from benchmarks import report, traffic
 
 FIELDS = {
     "task",
+    "seed",
     "method",
     "steps",
     "uplink_bytes_per_step",
@@ -31,7 +32,7 @@ def test_traffic_records_measure_both_directions_against_splitfed(tmp_path: Path
     assert set(splitfed) == FIELDS and set(fedlite) == FIELDS
     assert splitfed["method"] == "up raw / down float32" and splitfed["total_ratio"] == 1.0
     assert fedlite["method"] == "up pq:q=1152,L=2 / down pq:q=1152,L=2"
-    assert fedlite["steps"] == splitfed["steps"] == 3
+    assert fedlite["steps"] == splitfed["steps"] == 3 and fedlite["seed"] == splitfed["seed"] == 0
     # 2 clients x up to 20 images, d = 9216: float32 both ways against 1 bit per sub-vector
     assert splitfed["downlink_bytes_per_step"] > 9216 * 4 * 20
     assert fedlite["downlink_bytes_per_step"] < splitfed["downlink_bytes_per_step"] / 100

@@ -6,6 +6,7 @@ import msgpack
 import numpy as np
 
 __all__ = [
+    "compressed_gradient",
     "decode",
     "read_step_request",
     "unpack_codewords",
@@ -81,9 +82,53 @@ def decode(body: bytes, expected_type: str) -> dict[str, Any]:
     if "g" in message:  # StepResponse: (B, d) gradient
         shape = (message["B"], message["d"])
         message["g"] = _floats(message["g"], message["dt"], shape)
+    elif "gr" in message:  # StepResponse with a compressed gradient (section 4.2.1)
+        message["g"] = compressed_gradient(message.pop("gr"), message["B"], message["d"])
     if "y" in message:  # PredictResponse: (n, C) scores
         message["y"] = _floats(message["y"], message["dt"], (message["n"], message["C"]))
     return message
+
+
+def compressed_gradient(gr: dict[str, Any], B: int, d: int) -> np.ndarray:
+    """Section 4.2.1: the (B, d) float32 gradient of a ``gr`` map of kind bf16, int or topk
+    (the default downlink of a new run is top-k, section 4.2.1)."""
+    kind = gr["k"]
+    if kind == "bf16":
+        return _bfloat16(gr["g"]).reshape(B, d)
+    if kind == "int":
+        b = gr["b"]
+        scale = np.frombuffer(gr["sc"], dtype="<f4")
+        codes = _unpack(gr["g"], B * d, b).reshape(B, d).astype(np.float32)
+        levels = 2 * codes - 1 if b == 1 else codes - ((1 << (b - 1)) - 1)
+        return (levels * scale[:, None]).astype(np.float32)
+    if kind == "topk":
+        K = gr["K"]
+        index = _unpack(gr["i"], B * K, (d - 1).bit_length()).reshape(B, K)
+        if K > 1 and (np.diff(index, axis=1) <= 0).any():
+            raise ValueError("top-k indices must be strictly ascending within a row")
+        if (index >= d).any():
+            raise ValueError(f"a top-k index >= d={d}")
+        out = np.zeros((B, d), dtype=np.float32)
+        np.put_along_axis(out, index, _bfloat16(gr["v"]).reshape(B, K), axis=1)
+        return out
+    raise ValueError(f"this client decodes gradient kinds bf16, int and topk, not {kind!r}")
+
+
+def _bfloat16(data: bytes) -> np.ndarray:
+    """Little-endian bfloat16: the high half of a float32."""
+    return (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+
+
+def _unpack(data: bytes, count: int, bits: int) -> np.ndarray:
+    """Section 3: ``count`` codes of ``bits`` bits, most significant bit first (int64)."""
+    if bits == 0:
+        return np.zeros(count, dtype=np.int64)
+    if len(data) != (count * bits + 7) // 8:
+        raise ValueError(f"{len(data)} bytes for {count} codes of {bits} bits")
+    stream = np.unpackbits(np.frombuffer(data, dtype=np.uint8))[: count * bits]
+    weights = 1 << np.arange(bits - 1, -1, -1, dtype=np.int64)
+    codes: np.ndarray = (stream.reshape(count, bits) * weights).sum(axis=1)
+    return codes
 
 
 def _floats(data: bytes, tag: str, shape: tuple[int, int]) -> np.ndarray:

@@ -8,7 +8,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from api_schemas import RunCreate
+from api_schemas import RunCreate, default_downlink
 from party_b.api import create_app
 from party_b.settings import Settings
 from shared import codec
@@ -86,12 +86,28 @@ def test_an_unknown_or_unfitting_downlink_gets_422(
     assert fragment in str(body), body
 
 
-def test_runs_name_their_downlink_and_grad_dtype_float16_still_means_float16() -> None:
-    assert (
-        RunCreate.model_validate(run_spec()).downlink
-        == RunCreate.model_fields["downlink"].get_default()
-    )
+def test_a_new_run_without_a_downlink_gets_the_rule_of_its_cut_dim() -> None:
+    expected = {1: "int4", 8: "int4", 32: "int4", 96: "int4", 9180: "int4"}
+    expected |= {9181: "topk:k=256", 9216: "topk:k=256", 36 * 1000: "topk:k=1000"}
+    for d, downlink in expected.items():
+        assert default_downlink(d) == downlink
+        spec = RunCreate.model_validate(run_spec(cut_dim=d, quantizer={"mode": "raw"}))
+        assert spec.downlink == default_downlink(d)
+        DownlinkSpec.from_string(spec.downlink).check_width(d)  # the rule always fits
+    # an explicit null is "not given"; grad_dtype "float16" alone still means float16
+    assert RunCreate.model_validate(run_spec(downlink=None)).downlink == default_downlink(8)
     assert RunCreate.model_validate(run_spec(grad_dtype="float16")).downlink == "float16"
+
+
+def test_a_run_created_without_a_downlink_stores_the_resolved_one(client: httpx.Client) -> None:
+    """Party B stores the rule's choice with the run: a later default never reaches it."""
+    run = aligned_run(client, steps=2, quantizer={"mode": "raw"})
+    assert client.get(f"/v1/runs/{run.id}").json()["config"]["downlink"] == "int4"
+    answer = client.post(f"/v1/runs/{run.id}/steps", content=run.step_body(1), headers=MSGPACK)
+    assert answer.status_code == 200, answer.text
+    assert msgpack.unpackb(answer.content)["gr"]["b"] == 4
+    stored = client.get(f"/v1/runs/{run.id}").json()["config"]
+    assert RunCreate.from_stored(stored | {"downlink": "float32"}).downlink == "float32"
 
 
 def test_a_run_stored_before_the_downlink_field_keeps_its_representation() -> None:

@@ -35,23 +35,24 @@ OVERFLOW = {"optimizer": {"name": "sgd", "lr": 1.0}, "checkpoint_interval": 2}
 STEPS = 6
 
 WIRE_OPTIONS: list[dict[str, Any]] = [
-    {"grad_dtype": "float32", "quantizer": {"mode": "pq", "q": 4, "L": 2}},
+    {"downlink": "float32", "quantizer": {"mode": "pq", "q": 4, "L": 2}},
     {"grad_dtype": "float16", "quantizer": {"mode": "pq", "q": 4, "L": 2}},
     {
         "grad_dtype": "float16",
         "quantizer": {"mode": "pq", "q": 4, "L": 2, "codebook_dtype": "float16"},
     },
-    {"grad_dtype": "float32", "quantizer": {"mode": "raw"}},
+    {"downlink": "float32", "quantizer": {"mode": "raw"}},
     {"grad_dtype": "float16", "quantizer": {"mode": "raw"}},
     *(
         {"downlink": downlink, "quantizer": {"mode": "pq", "q": 4, "L": 2}}
         for downlink in ("bfloat16", "int8", "int4", "int2", "int1", "topk:k=3", "pq:q=4,L=2")
     ),
+    {"quantizer": {"mode": "pq", "q": 4, "L": 2}},  # a new run's default (int4 at d = 8)
 ]
 
 
 def _option_id(options: dict[str, Any]) -> str:
-    downlink = options.get("downlink", options.get("grad_dtype"))
+    downlink = options.get("downlink", options.get("grad_dtype", "default"))
     return f"{options['quantizer']['mode']}-{downlink}"
 
 
