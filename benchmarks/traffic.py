@@ -33,7 +33,9 @@ __all__ = ["TASKS", "Method", "main", "records"]
 class Method:
     """One uplink + downlink pair; ``uplink`` "raw" is SplitFed's float32 activations."""
 
-    uplink: str  # "raw", "pq:q=..,L=.." (float32 codebook) or "pq:..,cb=f2" (float16)
+    # "raw", "pq:q=..,L=.." (float32 codebook, bit-packed codewords), plus ",cb=f2" (float16
+    # codebook) and/or ",cw=ans" (codewords rANS-coded where smaller, PROTOCOL.md 3.1)
+    uplink: str
     downlink: str  # a shared.downlink spec string
 
     @property
@@ -154,16 +156,23 @@ SMOKE_OPTIONS = {
 
 
 def methods_of(
-    task: Task, downlinks: list[str] | None = None, *, f16_codebook: bool = False
+    task: Task,
+    downlinks: list[str] | None = None,
+    *,
+    f16_codebook: bool = False,
+    entropy_uplink: bool = False,
 ) -> list[Method]:
     """SplitFed, then FedLite with each downlink (default: the task's list, in order), and
-    with ``f16_codebook`` float16 uplink codebooks with the last downlink."""
+    with the last downlink: ``f16_codebook`` float16 uplink codebooks, ``entropy_uplink``
+    rANS-coded codewords (with float32, and with float16 codebooks)."""
     pq = f"pq:q={task.q},L={task.L}"
     chosen = list(task.methods) if downlinks is None else downlinks
     out = [Method("raw", "float32")]
     out += [Method(pq, downlink) for downlink in chosen]
     if f16_codebook:
         out.append(Method(pq + ",cb=f2", chosen[-1]))
+    if entropy_uplink:
+        out += [Method(pq + ",cw=ans", chosen[-1]), Method(pq + ",cb=f2,cw=ans", chosen[-1])]
     return out
 
 
@@ -184,7 +193,8 @@ def run_config(task: Task, method: Method, steps: int, smoke: bool, seed: int = 
         L=task.L,
         lam=task.lam,
         downlink=downlink,
-        codebook_dtype="float16" if method.uplink.endswith("cb=f2") else "float32",
+        codebook_dtype="float16" if ",cb=f2" in method.uplink else "float32",
+        codewords="ans" if ",cw=ans" in method.uplink else "packed",
     )
 
 
@@ -209,6 +219,7 @@ def records(
     cache: Path,
     downlinks: list[str] | None = None,
     f16_codebook: bool = False,
+    entropy_uplink: bool = False,
     cached_only: bool = False,
     seeds: tuple[int, ...] = (0,),
 ) -> list[dict[str, Any]]:
@@ -218,20 +229,20 @@ def records(
     SplitFed run is left out)."""
     out = []
     for name in tasks:
+        chosen = methods_of(
+            TASKS[name], downlinks, f16_codebook=f16_codebook, entropy_uplink=entropy_uplink
+        )
         for seed in seeds:
-            out += _task_records(
-                name, steps[name], smoke, cache, downlinks, f16_codebook, cached_only, seed
-            )
+            out += _task_records(name, chosen, steps[name], smoke, cache, cached_only, seed)
     return out
 
 
 def _task_records(
     name: str,
+    methods: list[Method],
     steps: int,
     smoke: bool,
     cache: Path,
-    downlinks: list[str] | None,
-    f16_codebook: bool,
     cached_only: bool,
     seed: int,
 ) -> list[dict[str, Any]]:
@@ -239,7 +250,7 @@ def _task_records(
     task = TASKS[name]
     found = {
         method: _run(run_config(task, method, steps, smoke, seed), cache, cached_only)
-        for method in methods_of(task, downlinks, f16_codebook=f16_codebook)
+        for method in methods
     }
     runs = {method: record for method, record in found.items() if record is not None}
     splitfed = runs.get(Method("raw", "float32"))
@@ -297,6 +308,11 @@ def main(argv: list[str] | None = None) -> None:
         "--f16-codebook", action="store_true", help="also the last downlink, float16 codebooks"
     )
     parser.add_argument(
+        "--entropy-uplink",
+        action="store_true",
+        help="also the last downlink, codewords rANS-coded (float32 and float16 codebooks)",
+    )
+    parser.add_argument(
         "--seeds", nargs="+", type=int, default=[0], help="run every method with each seed"
     )
     parser.add_argument("--out", type=Path, help="the JSON file (default: results/traffic.json)")
@@ -311,6 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         cache=cache,
         downlinks=args.downlinks,
         f16_codebook=args.f16_codebook,
+        entropy_uplink=args.entropy_uplink,
         cached_only=args.cached_only,
         seeds=tuple(args.seeds),
     )

@@ -81,6 +81,7 @@ class RunConfig:
     eval_raw: bool = False  # also evaluate on unquantized activations (eval_raw_* fields)
     downlink: str | None = None  # party B's gradient representation (None: float32)
     codebook_dtype: str = "float32"  # uplink codebooks on the wire ("float16" halves them)
+    codewords: str = "packed"  # uplink codewords: "packed", or "ans" (rANS where smaller)
     pipeline_depth: int = 1  # party A's steps in flight (party_a.pipeline)
 
     @property
@@ -100,6 +101,8 @@ class RunConfig:
             parts.append("dl-" + self.downlink.replace(":", "-").replace(",", "-"))
         if self.codebook_dtype != "float32":
             parts.append(f"cb-{self.codebook_dtype}")
+        if self.codewords != "packed":
+            parts.append(f"cw-{self.codewords}")
         if self.eval_raw:
             parts.append("evalraw")
         if self.pipeline_depth > 1:
@@ -144,6 +147,7 @@ class RunConfig:
                     "quantizer.lambda": self.lam,
                     "quantizer.iterations": self.kmeans_iterations,
                     "quantizer.codebook_dtype": self.codebook_dtype,
+                    "quantizer.codewords": self.codewords,
                 }
             )
         elif self.method == "splitfed":

@@ -65,13 +65,15 @@ class BottomTrainer:
         optimizer: dict[str, Any],
         seed: int,
     ) -> None:
-        """``quantizer``: mode ("pq"/"raw"), q, R, L, codebook_dtype, iterations, lambda."""
+        """``quantizer``: mode ("pq"/"raw"), q, R, L, codebook_dtype, iterations, lambda,
+        codewords ("packed" or "ans")."""
         self.model = build_seeded(lambda: build_bottom(model, **bottom_kwargs), seed)
         self.optimizer = make_optimizer(self.model.parameters(), optimizer)
         self.seed = seed
         self.tokens = takes_tokens(model)
         self.lam = float(quantizer.get("lambda", 0.0))
         self.codebook_dtype: codec.WireFloat = quantizer.get("codebook_dtype", "float32")
+        self.codewords: codec.CodewordCoding = quantizer.get("codewords", "packed")
         self.pq = quantizer["mode"] == "pq"
         self._quantizer_spec = quantizer
         self._quantizers: dict[int, GroupedProductQuantizer] = {}
@@ -112,6 +114,7 @@ class BottomTrainer:
         body = codec.encode_step_request(
             codec.StepRequest(step=step, batch_digest=digest, chunks=chunks),
             codebook_dtype=self.codebook_dtype,
+            codewords=self.codewords,
         )
         rows = tuple(c.B for c in chunks)
         return PendingStep(

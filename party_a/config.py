@@ -31,6 +31,7 @@ Example (every table but [run] is optional)::
     R = 1
     lambda = 0.001               # gradient correction strength, party A's alone
     iterations = 10              # k-means Lloyd iterations per batch
+    codewords = "packed"         # or "ans": entropy-coded where smaller (PROTOCOL.md 3.1)
 
     [optimizer.bottom]
     name = "adam"
@@ -99,6 +100,9 @@ class ModelSection(_Strict):
 class QuantizerSection(QuantizerSpec):
     lambda_: float = Field(default=0.0, ge=0, alias="lambda")
     iterations: int = Field(default=10, ge=0)
+    # step requests' codewords: "packed" (section 3) or "ans", rANS-coded at their empirical
+    # entropy where that is smaller (docs/PROTOCOL.md 3.1); party B reads either
+    codewords: Literal["packed", "ans"] = "packed"
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

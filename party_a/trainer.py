@@ -185,12 +185,15 @@ class PartyATrainer:
 
     def _fingerprint(self) -> dict[str, Any]:
         """The config a local run is found again by. Settings added since at their old
-        behaviour (``pipeline_depth`` = 1, no ``downlink``, torch's AdaGrad start) are left
-        out, so that state directories written before them keep matching their runs."""
+        behaviour (``pipeline_depth`` = 1, no ``downlink``, torch's AdaGrad start, packed
+        codewords) are left out, so that state directories written before them keep matching
+        their runs."""
         run, optimizers = self.config.run, self.config.optimizer
         unset = {"pipeline_depth"} if run.pipeline_depth == 1 else set()
         unset |= {"downlink"} if run.downlink is None else set()
         exclude: dict[str, Any] = {"run": unset}
+        if self.config.quantizer.codewords == "packed":
+            exclude["quantizer"] = {"codewords"}
         for side in ("bottom", "top"):  # AdaGrad's accumulator start and eps: torch's defaults
             spec = getattr(optimizers, side)
             added = {"initial_accumulator"} if spec.initial_accumulator == 0.0 else set()

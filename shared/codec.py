@@ -28,6 +28,7 @@ always return writable float32 arrays.
 from shared.downlink import DownlinkSpec, decode_gradient, encode_gradient, gradient_keys
 from shared.wire.activations import (
     Activations,
+    CodewordCoding,
     PQActivations,
     RawActivations,
     chunk_rows,
@@ -55,6 +56,7 @@ __all__ = [
     "WIRE_VERSION",
     "Activations",
     "CodecError",
+    "CodewordCoding",
     "DecodeLimits",
     "DownlinkSpec",
     "EvaluateRequest",
@@ -93,8 +95,10 @@ def encode_step_request(
     *,
     codebook_dtype: WireFloat = "float32",
     activations_dtype: WireFloat = "float32",
+    codewords: CodewordCoding = "packed",
 ) -> bytes:
-    """Serialize a StepRequest. ``codebook_dtype`` applies to PQ, ``activations_dtype`` to raw."""
+    """Serialize a StepRequest. ``codebook_dtype`` and ``codewords`` ("packed", or "ans":
+    rANS-coded where smaller, docs/PROTOCOL.md 3.1) apply to PQ, ``activations_dtype`` to raw."""
     return pack(
         MessageType.STEP_REQUEST,
         {
@@ -104,6 +108,7 @@ def encode_step_request(
                 message.chunks,
                 codebook_dtype=codebook_dtype,
                 activations_dtype=activations_dtype,
+                codewords=codewords,
             ),
         },
     )

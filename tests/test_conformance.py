@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.utils import codewords_from_the_doc, gradient_from_the_doc
 from tests.utils import conformance_vectors as vectors
 from tests.utils import from_the_doc as doc
-from tests.utils import gradient_from_the_doc
 
 PROTOCOL = Path(__file__).resolve().parents[1] / "docs" / "PROTOCOL.md"
 KIT_FILES = sorted(vectors.KIT_DIR.glob("*.json"))
@@ -66,6 +66,14 @@ def test_the_text_alone_decodes_every_downlink_representation() -> None:
         message = bytes.fromhex(case["output"]["message"])
         assert len(message) == case["output"]["bytes"], case["name"]
         assert gradient_from_the_doc.gradient(message) == case["output"]["decoded"], case["name"]
+
+
+def test_the_text_alone_decodes_every_entropy_coded_codeword_array() -> None:
+    for case in _cases("codewords"):
+        given, output = case["input"], case["output"]
+        cf, ca = bytes.fromhex(output["cf"]), bytes.fromhex(output["ca"])
+        shape = (given["B"], given["q"], given["R"], given["L"])
+        assert codewords_from_the_doc.codewords(cf, ca, *shape) == given["codewords"]
 
 
 def test_the_text_alone_gives_the_aligned_keys() -> None:

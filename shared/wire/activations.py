@@ -7,11 +7,12 @@ request's ``(rows, d)`` activations. docs/PROTOCOL.md section 2 describes the by
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple, TypeAlias
+from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
 import numpy as np
 from numpy.typing import NDArray
 
+from shared import ans
 from shared.bitpack import MAX_BITS, bits_for, pack_codes, packed_nbytes, unpack_codes
 from shared.wire.arrays import WireFloat, check_float32, float_bin
 from shared.wire.reader import CodecError, DecodeLimits, Fields, malformed, type_name
@@ -19,6 +20,7 @@ from shared.wire.reader import CodecError, DecodeLimits, Fields, malformed, type
 __all__ = [
     "Activations",
     "Chunked",
+    "CodewordCoding",
     "PQActivations",
     "RawActivations",
     "as_chunks",
@@ -31,7 +33,11 @@ __all__ = [
 _PQ: Final = "pq"
 _RAW: Final = "raw"
 _PQ_KEYS: Final = frozenset({"k", "B", "d", "q", "R", "L", "b", "dt", "cb", "cw"})
+# A PQ chunk's codewords: bit-packed ("cw", section 3) or rANS-coded ("cf" + "ca", 3.1).
+_PQ_ANS_KEYS: Final = (_PQ_KEYS - {"cw"}) | {"cf", "ca"}
 _RAW_KEYS: Final = frozenset({"k", "B", "d", "dt", "x"})
+# "ans": each PQ chunk's codewords rANS-coded where that is smaller than bit-packed.
+CodewordCoding: TypeAlias = Literal["packed", "ans"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -201,15 +207,21 @@ def as_chunks(chunks: object) -> tuple[Activations, ...]:
 
 
 def chunks_to_wire(
-    chunks: Sequence[Activations], *, codebook_dtype: WireFloat, activations_dtype: WireFloat
+    chunks: Sequence[Activations],
+    *,
+    codebook_dtype: WireFloat,
+    activations_dtype: WireFloat,
+    codewords: CodewordCoding = "packed",
 ) -> list[dict[str, Any]]:
-    """The wire maps of ``chunks``, in order (``codebook_dtype`` for PQ, the other for raw)."""
+    """The wire maps of ``chunks``, in order (``codebook_dtype`` and ``codewords`` for PQ,
+    ``activations_dtype`` for raw)."""
     return [
         _activations_to_wire(
             chunk,
             f"chunks[{i}]",
             codebook_dtype=codebook_dtype,
             activations_dtype=activations_dtype,
+            coding=codewords,
         )
         for i, chunk in enumerate(chunks)
     ]
@@ -221,6 +233,7 @@ def _activations_to_wire(
     *,
     codebook_dtype: WireFloat,
     activations_dtype: WireFloat,
+    coding: CodewordCoding,
 ) -> dict[str, Any]:
     if isinstance(activations, PQActivations):
         L = activations.L
@@ -233,6 +246,11 @@ def _activations_to_wire(
         except ValueError as exc:
             raise ValueError(f"{name}.codewords must lie in [0, L={L}): {exc}") from None
         tag, codebook = float_bin(activations.codebook, codebook_dtype, f"{name}.codebook")
+        payload: dict[str, bytes] = {"cw": packed}
+        if coding == "ans":  # bit-packed stays where rANS would not be smaller
+            codes = np.asarray(activations.codewords, np.int64)
+            coded = ans.smaller_than_packed(codes, activations.R, L)
+            payload = payload if coded is None else {"cf": coded[0], "ca": coded[1]}
         return {
             "k": _PQ,
             "B": activations.B,
@@ -243,7 +261,7 @@ def _activations_to_wire(
             "b": bits,
             "dt": tag,
             "cb": codebook,
-            "cw": packed,
+            **payload,
         }
     tag, raw = float_bin(activations.activations, activations_dtype, f"{name}.activations")
     return {"k": _RAW, "B": activations.B, "d": activations.d, "dt": tag, "x": raw}
@@ -306,7 +324,7 @@ def _chunk_header(obj: object, where: str, limits: DecodeLimits) -> _ChunkHeader
         return _ChunkHeader(f, _ChunkConfig(_RAW, d, 0, 0, 0), B, 0)
     if kind != _PQ:
         raise CodecError(f"{where}.k: unknown activation kind {kind!r} (expected 'pq' or 'raw')")
-    f = Fields(obj, where, _PQ_KEYS)
+    f = Fields(obj, where, _PQ_ANS_KEYS if "ca" in obj else _PQ_KEYS)
     B = f.get_int("B", 1, limits.max_batch)
     d = f.get_int("d", 1, limits.max_dim)
     q = f.get_int("q", 1, limits.max_q)
@@ -330,6 +348,8 @@ def _chunk_from_wire(header: _ChunkHeader) -> Activations:
         with malformed(f.where):
             return RawActivations(activations=activations)
     codebook = f.get_float_array("cb", f.get_dtype("dt"), (R, L, d // q))
+    if "ca" in f.keys:
+        return _ans_chunk(f, codebook, B, q, R, L)
     packed = f.get_bin("cw", packed_nbytes(B * q, header.bits))
     try:
         codes = unpack_codes(packed, B * q, header.bits)
@@ -341,3 +361,18 @@ def _chunk_from_wire(header: _ChunkHeader) -> Activations:
             raise CodecError(f"{f.where}.cw: codeword {largest} >= L={L}")
     with malformed(f.where):
         return PQActivations(codebook=codebook, codewords=codes.reshape(B, q).astype(np.int64))
+
+
+def _ans_chunk(
+    f: Fields, codebook: NDArray[np.floating[Any]], B: int, q: int, R: int, L: int
+) -> PQActivations:
+    """A PQ chunk whose codewords are rANS-coded (section 3.1): table ``cf``, stream ``ca``.
+
+    Each decoded codeword has a non-zero frequency in a table of L entries, so it is < L."""
+    table = f.get_bin("cf", 2 * R * L)
+    try:
+        codes = ans.decode(table, f.get_bin("ca"), B, q, R, L)
+    except ValueError as exc:
+        raise CodecError(f"{f.where}.ca: {exc}") from None
+    with malformed(f.where):
+        return PQActivations(codebook=codebook, codewords=codes)

@@ -26,6 +26,7 @@ from party_b.privacy import METRICS_POLICIES, PrivacyPolicy
 from party_b.privacy.defences import visible_metrics
 from shared import codec
 from shared.alignment import hmac_ids, order_by_raw_id
+from shared.bitpack import packed_nbytes
 from shared.schedule import (
     ClientBatches,
     ShuffledBatches,
@@ -361,6 +362,37 @@ def downlink_cases() -> tuple[str, str, list[Case]]:
     return "Compressed gradients", about, cases
 
 
+def codewords_cases() -> tuple[str, str, list[Case]]:
+    from shared import ans
+
+    about = (
+        "A PQ chunk's (B, q) codewords in R groups of L, entropy-coded (fields 'cf' and 'ca' "
+        "of the chunk). A decoder must turn 'cf' and 'ca' into 'codewords' exactly. The "
+        "frequency tables are the sender's choice: another encoder need not reproduce these "
+        "bytes, only decode them. 'packed_bytes' is the size of the bit-packed 'cw' they "
+        "replace; a sender sends 'cf' and 'ca' only where they are smaller."
+    )
+    rng = np.random.default_rng(16)
+    examples = {
+        "L=2, skewed": ((rng.random((8, 32)) < 0.1).astype(np.int64), 1, 2),
+        "L=5, R=2, codeword 4 absent": (rng.choice(4, size=(6, 8), p=[0.7, 0.1, 0.1, 0.1]), 2, 5),
+        "L=1": (np.zeros((2, 3), dtype=np.int64), 1, 1),
+    }
+    cases = []
+    for name, (codes, R, L) in examples.items():
+        coded = ans.encode(codes, R, L)
+        assert coded is not None
+        B, q = codes.shape
+        given = {"B": B, "q": q, "R": R, "L": L, "codewords": codes.tolist()}
+        output = {
+            "cf": coded[0].hex(),
+            "ca": coded[1].hex(),
+            "packed_bytes": packed_nbytes(B * q, (L - 1).bit_length()),
+        }
+        cases.append(_case(name, given, output))
+    return "Entropy-coded codewords", about, cases
+
+
 def step_reply_cases() -> tuple[str, str, list[Case]]:
     about = (
         "One StepResponse as party B encodes it under each metrics policy of a run (all, "
@@ -402,9 +434,10 @@ TOPICS: dict[str, Topic] = {
     "eval_digest": eval_digest_cases,
     "downlink": downlink_cases,
     "step_reply": step_reply_cases,
+    "codewords": codewords_cases,
 }
 # Topics specified outside section 9 (Derived values): the part of PROTOCOL.md that holds them.
-PARTS = {"downlink": "Messages"}
+PARTS = {"downlink": "Messages", "codewords": "Codeword bit packing"}
 
 
 def document(topic: str) -> dict[str, Any]:
