@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from api_schemas import default_downlink
 from benchmarks.common import RESULTS, write_result
 from experiments.runner import RunConfig, run_split
 
@@ -51,6 +52,7 @@ class Task:
     L: int
     lam: float
     methods: tuple[str, ...]  # downlinks tried with the FedLite uplink
+    d: int  # the cut width (what the default downlink of a new run depends on)
 
 
 FEMNIST = Task(
@@ -72,6 +74,7 @@ FEMNIST = Task(
     L=2,
     lam=2e-4,
     methods=("float32", "int2", "int1", "topk:k=256", "pq:q=1152,L=2"),
+    d=9216,
 )
 # The downlinks measured at a small cut layer (d = 32): how the default for new runs was
 # chosen below d = 256 (docs/PERFORMANCE.md, "Traffic"); top-k keeps d/4, d/8 and d/36 (the
@@ -105,6 +108,7 @@ BREAST = Task(
     L=4,
     lam=1e-3,
     methods=SMALL_D_DOWNLINKS,
+    d=32,
 )
 DEFAULT_CREDIT = Task(
     base=RunConfig(
@@ -123,6 +127,7 @@ DEFAULT_CREDIT = Task(
     L=16,
     lam=0.0,
     methods=(*SMALL_D_DOWNLINKS, "pq:q=8,L=16"),
+    d=32,
 )
 SHAKESPEARE = Task(
     base=RunConfig(
@@ -141,7 +146,18 @@ SHAKESPEARE = Task(
     q=12,
     L=30,
     lam=1e-3,
-    methods=("float32", "int8", "int2", "int1", "topk:k=12", "pq:q=12,L=30"),
+    methods=(
+        "float32",
+        "int8",
+        "int4",
+        "int2",
+        "int1",
+        "topk:k=24",
+        "topk:k=12",
+        "topk:k=3",
+        "pq:q=12,L=30",
+    ),
+    d=96,
 )
 TASKS = {
     "femnist": FEMNIST,
@@ -162,9 +178,10 @@ def methods_of(
     f16_codebook: bool = False,
     entropy_uplink: bool = False,
 ) -> list[Method]:
-    """SplitFed, then FedLite with each downlink (default: the task's list, in order), and
-    with the last downlink: ``f16_codebook`` float16 uplink codebooks, ``entropy_uplink``
-    rANS-coded codewords (with float32, and with float16 codebooks)."""
+    """SplitFed, then FedLite with each downlink (default: the task's list, in order);
+    ``f16_codebook``: float16 uplink codebooks with the last downlink; ``entropy_uplink``:
+    rANS-coded codewords (with float32, and with float16 codebooks) with the default
+    downlink of a new run at the task's d."""
     pq = f"pq:q={task.q},L={task.L}"
     chosen = list(task.methods) if downlinks is None else downlinks
     out = [Method("raw", "float32")]
@@ -172,7 +189,8 @@ def methods_of(
     if f16_codebook:
         out.append(Method(pq + ",cb=f2", chosen[-1]))
     if entropy_uplink:
-        out += [Method(pq + ",cw=ans", chosen[-1]), Method(pq + ",cb=f2,cw=ans", chosen[-1])]
+        down = default_downlink(task.d)
+        out += [Method(pq + ",cw=ans", down), Method(pq + ",cb=f2,cw=ans", down)]
     return out
 
 
@@ -310,7 +328,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--entropy-uplink",
         action="store_true",
-        help="also the last downlink, codewords rANS-coded (float32 and float16 codebooks)",
+        help="also codewords rANS-coded (float32 and float16 codebooks), default downlink",
     )
     parser.add_argument(
         "--seeds", nargs="+", type=int, default=[0], help="run every method with each seed"
