@@ -145,12 +145,14 @@ def _stored_before_versions(
             server=trainer.server,
             name=trainer.config.run.name,
             remote_id=run.id,
-            # as written then: without the settings added since (pipelining, downlink)
+            # as written then: without the settings added since (pipelining, downlink,
+            # codeword coding, AdaGrad's options)
             config=trainer.config.model_dump(
                 mode="json",
                 by_alias=True,
                 exclude={
                     "run": {"pipeline_depth", "downlink"},
+                    "quantizer": {"codewords"},
                     "optimizer": {s: {"initial_accumulator", "eps"} for s in ("bottom", "top")},
                 },
             ),
