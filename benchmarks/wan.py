@@ -5,13 +5,14 @@ Party B is ``fedlite-b serve`` in namespace B; party A is the product's ``PartyA
 pair shaped by tbf (``benchmarks.netns``). For every scenario (bandwidth, RTT), task and
 method it trains ``--steps`` steps and measures the steady rate after ``--warmup`` steps.
 
-Methods: SplitFed (raw float32 both ways), FedLite (PQ uplink, float32 gradients) and FedLite
-with each downlink representation named by ``--downlink`` (``float16`` = ``[run] grad_dtype``;
-any other name is set as ``[run] downlink``, the downlink issue's run setting), each at
+Methods: SplitFed (raw float32 both ways), FedLite (PQ uplink, float32 gradients: the paper's)
+and FedLite with each downlink named by ``--downlink`` (``default``: the one a new run of the
+product gets for the task's cut width, top-256 on FEMNIST and int4 on default_credit; any
+other name is a representation of docs/PROTOCOL.md 4.2.1 set as ``[run] downlink``), each at
 pipeline depth K = 1 and every ``--depths`` value. One checkpoint at the end, so the rate is
 the steady pipelined one (a run with ``checkpoint_interval`` c refills K-1 steps every c).
 
-    sudo python -m benchmarks.wan [--steps 40] [--warmup 8] [--downlink float16]
+    sudo python -m benchmarks.wan [--steps 40] [--warmup 8] [--downlink default]
 
 Without root or iproute2 it writes the reason into the JSON and exits 0.
 """
@@ -50,15 +51,25 @@ TASKS: dict[str, dict[str, Any]] = {
 
 
 def methods(downlinks: list[str]) -> list[dict[str, Any]]:
-    """name, experiments method, extra party A overrides."""
+    """name, experiments method and downlink (a name for ``_downlink``; none: float32)."""
     out: list[dict[str, Any]] = [
-        {"name": "splitfed", "method": "splitfed", "overrides": {}},
-        {"name": "fedlite", "method": "fedlite", "overrides": {}},
+        {"name": "splitfed", "method": "splitfed"},
+        {"name": "fedlite", "method": "fedlite"},
     ]
     for name in downlinks:
-        key = "run.grad_dtype" if name == "float16" else "run.downlink"
-        out.append({"name": f"fedlite+{name}", "method": "fedlite", "overrides": {key: name}})
+        out.append({"name": f"fedlite+{name}", "method": "fedlite", "downlink": name})
     return out
+
+
+def _downlink(name: str | None, d: int) -> str:
+    """A method's downlink on a cut layer of width ``d``: ``default`` is the one a new run of
+    the product gets there (api_schemas.default_downlink: top-256 at FEMNIST's 9,216, int4 at
+    default_credit's 32); no name is float32, the experiments' (and the paper's) downlink."""
+    from api_schemas import default_downlink
+
+    if name is None:
+        return "float32"
+    return default_downlink(d) if name == "default" else name
 
 
 # ---------------------------------------------------------------------------- party A side
@@ -79,10 +90,12 @@ def party_a(spec: dict[str, Any]) -> list[dict[str, Any]]:
     from party_a.config import load_config
     from party_a.state import LocalStore
     from party_a.trainer import PartyATrainer
+    from shared.models import cut_dim
 
     torch.set_num_threads(1)
     task_spec = TASKS[spec["task"]]
     task = load_task(spec["task"], **task_spec["options"])
+    d = cut_dim(task.model, **task.bottom)
     state = Path(spec["state_dir"])
     records = []
     with HttpTransport(spec["url"], TOKEN, timeout=300) as transport:
@@ -96,7 +109,7 @@ def party_a(spec: dict[str, Any]) -> list[dict[str, Any]]:
                 **config.party_a_config(task),
                 "run.name": run["name"],
                 "run.pipeline_depth": run["depth"],
-                **run["overrides"],
+                "run.downlink": _downlink(run.get("downlink"), d),
             }
             marks: list[float] = []  # perf_counter() at each applied step
             trainer = PartyATrainer(
@@ -114,6 +127,7 @@ def party_a(spec: dict[str, Any]) -> list[dict[str, Any]]:
             records.append(
                 {
                     **{k: run[k] for k in ("method_name", "depth", "name")},
+                    "downlink": overrides["run.downlink"],
                     "steps": summary.last_step,
                     "steps_per_s": steady,
                     "seconds_per_step": 1.0 / steady,
@@ -231,14 +245,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--depths", default="4", help="pipeline depths K > 1, comma-separated")
-    parser.add_argument("--downlink", action="append", help="representation (default float16)")
+    parser.add_argument(
+        "--downlink",
+        action="append",
+        help="FedLite's downlink besides float32: a representation (docs/PROTOCOL.md 4.2.1) "
+        "or 'default', the product's default for the task's cut width (the default)",
+    )
     parser.add_argument("--scenario", action="append", help="MBIT:RTT_MS (default 100:10, 20:40)")
     args = parser.parse_args()
     if args.command == "party-a":
         args.out.write_text(json.dumps(party_a(json.loads(args.spec.read_text()))))
         return
     args.depths = [int(k) for k in args.depths.split(",") if k]
-    args.downlink = args.downlink or ["float16"]
+    args.downlink = args.downlink or ["default"]
     args.scenarios = (
         [tuple(float(v) for v in s.split(":")) for s in args.scenario]
         if args.scenario
