@@ -37,8 +37,11 @@ def wan_table(doc: dict[str, Any]) -> list[str]:
     ]
     for r in doc["runs"]:
         ratio = r.get("vs_splitfed_k1")
+        method = r["method_name"]
+        if r.get("downlink") and r["downlink"] not in method:  # e.g. fedlite+default (int4)
+            method += f" ({r['downlink']} down)"
         lines.append(
-            f"| {r['task']} | {r['mbit']:g} Mbit/s, {r['rtt_ms']:g} ms | {r['method_name']} "
+            f"| {r['task']} | {r['mbit']:g} Mbit/s, {r['rtt_ms']:g} ms | {method} "
             f"| {r['depth']} | {r['steps_per_s']:.2f} | {r['seconds_per_step']:.3f} "
             f"| {_kb(r['uplink_bytes_per_step'])} | {_kb(r['downlink_bytes_per_step'])} "
             f"| {'–' if ratio is None else f'{ratio:.1f}'} | {network_bound(r):.1f} "
