@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from shared import kmeans_kernels
+from shared import kmeans_kernels, kmeans_lloyd, kmeans_seeding
 
 __all__ = ["KMeansResult", "assign", "batched_kmeans", "intra_op_threads", "squared_distances"]
 
@@ -133,7 +133,7 @@ def _transposed(points: np.ndarray) -> np.ndarray:
 def _subsample(points: np.ndarray, keep: int, rng: np.random.Generator) -> np.ndarray:
     """A seeded random subset of ``keep`` points per group, in their original order:
     (G, N, s) -> (G, keep, s) contiguous."""
-    return kmeans_kernels.subsample_groups(points, rng.random((points.shape[0], keep)))
+    return kmeans_seeding.subsample_groups(points, rng.random((points.shape[0], keep)))
 
 
 def _kmeanspp_init(points: np.ndarray, num_centroids: int, rng: np.random.Generator) -> np.ndarray:
@@ -146,7 +146,7 @@ def _kmeanspp_init(points: np.ndarray, num_centroids: int, rng: np.random.Genera
     first = np.asarray(rng.integers(n, size=g))
     uniforms = rng.random((g, num_centroids, trials))
     transposed = _transposed(points)
-    return kmeans_kernels.kmeanspp_groups(points, transposed, num_centroids, first, uniforms)
+    return kmeans_seeding.kmeanspp_groups(points, transposed, num_centroids, first, uniforms)
 
 
 def _random_init(points: np.ndarray, num_centroids: int, rng: np.random.Generator) -> np.ndarray:
@@ -233,7 +233,7 @@ def batched_kmeans(
     else:
         centroids = _random_init(train, num_centroids, rng)
     centroids = np.ascontiguousarray(centroids, dtype=np.float32)
-    labels, ran = kmeans_kernels.lloyd_groups(train, _transposed(train), centroids, iterations)
+    labels, ran = kmeans_lloyd.lloyd_groups(train, _transposed(train), centroids, iterations)
     if train is not data:
         labels = kmeans_kernels.assign_groups(data, centroids)
     return KMeansResult(

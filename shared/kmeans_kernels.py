@@ -1,4 +1,7 @@
-"""Compiled (numba) kernels of shared/kmeans.py: fused assignment + centroid sums, Lloyd, seeding.
+"""Compiled (numba) kernels of shared/kmeans.py: the fused assignment + centroid sums.
+
+The Lloyd loop over it is shared/kmeans_lloyd.py; subsampling and k-means++ seeding are
+shared/kmeans_seeding.py (both reuse the helpers and compile settings here).
 
 Why compiled: at the paper's shapes k-means is memory passes and per-call overhead, not
 arithmetic (docs/PERFORMANCE.md). Here one pass over a block of points computes the scores
@@ -6,9 +9,10 @@ of every centroid, keeps the running minimum and its index, and moves the points
 changed between the centroid sums: no (N, L) score matrix, no separate argmin or index_add_
 pass, no per-call overhead per group (all R groups run in one call).
 
-Determinism: every kernel is sequential (no parallel loops, no fastmath reassociation), so
-its output depends on its input only, never on the thread count. Floats are summed in a fixed
-order; the centroid sums are float64, updated incrementally by the points that changed label.
+Determinism: every kernel is sequential (no parallel loops; no fastmath reassociation but for
+the k-means++ potential, shared/kmeans_seeding.py), so its output depends on its input only,
+never on the thread count. Floats are summed in a fixed order; the centroid sums are
+float64, updated incrementally by the points that changed label.
 
 Compile cost: ``cache=True`` keeps the compiled code on disk (numba's __pycache__ beside this
 file, or NUMBA_CACHE_DIR; when neither is writable, a per-user directory under the temporary
@@ -39,13 +43,7 @@ _ensure_writable_cache()
 import numba  # noqa: E402  (after the cache directory is settled: numba reads it on import)
 import numpy as np  # noqa: E402
 
-__all__ = [
-    "assign_groups",
-    "kmeanspp_groups",
-    "lloyd_groups",
-    "subsample_groups",
-    "transpose_groups",
-]
+__all__ = ["assign_groups", "transpose_groups"]
 
 # Points per block of the assignment: the block's transposed points (s x block floats, at
 # most _BLOCK_FLOATS = 128 KiB), its running minima and labels stay in the L2 cache (512 KiB
@@ -73,37 +71,6 @@ def transpose_groups(points: np.ndarray) -> np.ndarray:
                 column, row = points[group, start:stop, k], out[group, k, start:stop]
                 for i in range(stop - start):
                     row[i] = column[i]
-    return out
-
-
-@_jit
-def subsample_groups(points: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
-    """A random subset of ``keep`` points of every group, in their original order.
-
-    points (G, n, s); uniforms (G, keep) in [0, 1), keep <= n -> (G, keep, s) float32. The
-    first ``keep`` steps of a Fisher-Yates shuffle (step j swaps slot j with a slot drawn
-    from j..n-1) pick a uniform subset; a mask puts it back in order with no sort (numpy's
-    choice without replacement permutes and sorts; 4x slower at n = 23,040).
-    """
-    g, n, s = points.shape
-    keep = uniforms.shape[1]
-    out = np.empty((g, keep, s), dtype=np.float32)
-    slots = np.empty(n, dtype=np.int64)
-    chosen = np.empty(n, dtype=np.bool_)
-    for group in range(g):
-        for i in range(n):
-            slots[i] = i
-            chosen[i] = False
-        for j in range(keep):
-            k = j + min(int(uniforms[group, j] * (n - j)), n - j - 1)
-            slots[j], slots[k] = slots[k], slots[j]
-            chosen[slots[j]] = True
-        j = 0
-        for i in range(n):
-            if chosen[i]:
-                for d in range(s):
-                    out[group, j, d] = points[group, i, d]
-                j += 1
     return out
 
 
@@ -190,6 +157,69 @@ def _scores4(
 
 
 @_jit
+def _leading_s8(
+    pt: np.ndarray,
+    start: int,
+    m: int,
+    scaled: np.ndarray,
+    c_sq: np.ndarray,
+    best: np.ndarray,
+    spare: np.ndarray,
+    label: np.ndarray,
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """The running minimum over centroids 0..c at s = 8, four (then two) per pass with no
+    score row through memory; returns c and the (best, spare) buffers as swapped."""
+    num = scaled.shape[0]
+    c = 0
+    q = _rows8(pt, 0, start, m)
+    while c + 4 <= num:
+        best, spare = spare, best
+        w0, w1 = _coef8(scaled[c], 0), _coef8(scaled[c + 1], 0)
+        w2, w3 = _coef8(scaled[c + 2], 0), _coef8(scaled[c + 3], 0)
+        b0, b1, b2, b3 = c_sq[c], c_sq[c + 1], c_sq[c + 2], c_sq[c + 3]
+        for i in range(m):
+            best[i], label[i] = _nearest4(
+                b0 + _dot8(w0, q, i), b1 + _dot8(w1, q, i), b2 + _dot8(w2, q, i),
+                b3 + _dot8(w3, q, i), c, spare[i], label[i],
+            )  # fmt: skip
+        c += 4
+    if c + 2 <= num:  # L = 2: two centroids in one pass
+        best, spare = spare, best
+        w0, w1 = _coef8(scaled[c], 0), _coef8(scaled[c + 1], 0)
+        b0, b1 = c_sq[c], c_sq[c + 1]
+        for i in range(m):
+            near, index = _nearer(b0 + _dot8(w0, q, i), c, spare[i], label[i])
+            best[i], label[i] = _nearer(b1 + _dot8(w1, q, i), c + 1, near, index)
+        c += 2
+    return c, best, spare
+
+
+@_jit
+def _leading_by4(
+    pt: np.ndarray,
+    start: int,
+    m: int,
+    scaled: np.ndarray,
+    c_sq: np.ndarray,
+    acc: np.ndarray,
+    best: np.ndarray,
+    spare: np.ndarray,
+    label: np.ndarray,
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """The running minimum over centroids 0..c (c = L rounded down to a multiple of 4) at
+    s a multiple of 8, four centroids' scores per pass; returns c and the swapped buffers."""
+    c = 0
+    while c + 4 <= scaled.shape[0]:
+        best, spare = spare, best
+        _scores4(pt, start, m, scaled, c_sq, c, acc)
+        a0, a1, a2, a3 = acc[0], acc[1], acc[2], acc[3]
+        for i in range(m):
+            best[i], label[i] = _nearest4(a0[i], a1[i], a2[i], a3[i], c, spare[i], label[i])
+        c += 4
+    return c, best, spare
+
+
+@_jit
 def _assign_block(
     pt: np.ndarray,
     start: int,
@@ -219,34 +249,9 @@ def _assign_block(
         label[i] = 0
     c = 0
     if s == 8:
-        q = _rows8(pt, 0, start, m)
-        while c + 4 <= num:
-            best, spare = spare, best
-            w0, w1 = _coef8(scaled[c], 0), _coef8(scaled[c + 1], 0)
-            w2, w3 = _coef8(scaled[c + 2], 0), _coef8(scaled[c + 3], 0)
-            b0, b1, b2, b3 = c_sq[c], c_sq[c + 1], c_sq[c + 2], c_sq[c + 3]
-            for i in range(m):
-                best[i], label[i] = _nearest4(
-                    b0 + _dot8(w0, q, i), b1 + _dot8(w1, q, i), b2 + _dot8(w2, q, i),
-                    b3 + _dot8(w3, q, i), c, spare[i], label[i],
-                )  # fmt: skip
-            c += 4
-        if c + 2 <= num:  # L = 2: two centroids in one pass (no score row through memory)
-            best, spare = spare, best
-            w0, w1 = _coef8(scaled[c], 0), _coef8(scaled[c + 1], 0)
-            b0, b1 = c_sq[c], c_sq[c + 1]
-            for i in range(m):
-                near, index = _nearer(b0 + _dot8(w0, q, i), c, spare[i], label[i])
-                best[i], label[i] = _nearer(b1 + _dot8(w1, q, i), c + 1, near, index)
-            c += 2
+        c, best, spare = _leading_s8(pt, start, m, scaled, c_sq, best, spare, label)
     elif s % 8 == 0:
-        while c + 4 <= num:
-            best, spare = spare, best
-            _scores4(pt, start, m, scaled, c_sq, c, acc)
-            a0, a1, a2, a3 = acc[0], acc[1], acc[2], acc[3]
-            for i in range(m):
-                best[i], label[i] = _nearest4(a0[i], a1[i], a2[i], a3[i], c, spare[i], label[i])
-            c += 4
+        c, best, spare = _leading_by4(pt, start, m, scaled, c_sq, acc, best, spare, label)
     first = acc[0]
     while c < num:  # the last L mod 4 centroids, or every centroid when s is not a multiple of 8
         best, spare = spare, best
@@ -355,221 +360,3 @@ def assign_groups(points: np.ndarray, centroids: np.ndarray) -> np.ndarray:
             for i in range(m):
                 labels[group, start + i] = label[i]
     return labels
-
-
-@_jit
-def _update(centroids: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> None:
-    """Every centroid (L, s) with points becomes their mean; an empty one stays."""
-    for c in range(centroids.shape[0]):
-        if counts[c] > 0:
-            for k in range(centroids.shape[1]):
-                centroids[c, k] = np.float32(sums[c, k] / counts[c])
-
-
-@_jit
-def lloyd_step(
-    points: np.ndarray,
-    pt: np.ndarray,
-    centroids: np.ndarray,
-    labels: np.ndarray,
-    sums: np.ndarray,
-    counts: np.ndarray,
-    active: np.ndarray,
-    update: bool,
-) -> int:
-    """One Lloyd iteration on every active group: (with ``update``) move each centroid to the
-    mean of its points, then reassign; a group whose labels did not change becomes inactive
-    (further updates would not move it). Returns how many groups are still active.
-
-    points (G, n, s), pt (G, s, n) float32; centroids (G, L, s) float32 in/out; labels
-    (G, n) int64 in/out, -1 before the first step; sums (G, L, s) float64 and counts (G, L)
-    int64, the running sums of each cluster's points; active (G,) bool in/out.
-    """
-    still = 0
-    for group in range(points.shape[0]):
-        if not active[group]:
-            continue
-        if update:
-            _update(centroids[group], sums[group], counts[group])
-        changed = _assign_group(
-            points[group], pt[group], centroids[group], labels[group], sums[group],
-            counts[group], True,
-        )  # fmt: skip
-        if update and changed == 0:
-            active[group] = False
-        else:
-            still += 1
-    return still
-
-
-@_jit
-def lloyd_groups(
-    points: np.ndarray, pt: np.ndarray, centroids: np.ndarray, iterations: int
-) -> tuple[np.ndarray, int]:
-    """Lloyd's algorithm on every group: at most ``iterations`` updates, each followed by an
-    assignment; a group stops once no label changes.
-
-    points (G, n, s), pt (G, s, n) float32; centroids (G, L, s) float32, updated in place
-    (an empty cluster keeps its centroid). Returns labels (G, n) int64 of the final centroids
-    and the most updates any group ran. One compiled call for all iterations: a call from
-    Python costs ~5-10 us of argument unboxing, as much as a whole iteration at L = 2.
-    """
-    g, n, s = points.shape
-    num = centroids.shape[1]
-    labels = np.full((g, n), -1, dtype=np.int64)
-    sums = np.zeros((g, num, s), dtype=np.float64)
-    counts = np.zeros((g, num), dtype=np.int64)
-    active = np.ones(g, dtype=np.bool_)
-    lloyd_step(points, pt, centroids, labels, sums, counts, active, False)
-    ran = 0
-    while ran < iterations and lloyd_step(
-        points, pt, centroids, labels, sums, counts, active, True
-    ):
-        ran += 1
-    if ran < iterations:
-        ran += 1  # the update that found the labels settled counts, as before
-    return labels, ran
-
-
-@_jit
-def _sqdiff8(c: tuple[float, ...], q: tuple[np.ndarray, ...], i: int) -> Any:
-    """sum_j (q[j][i] - c[j])^2 over 8 dimensions, in float32, in a fixed order."""
-    d0, d1, d2, d3 = q[0][i] - c[0], q[1][i] - c[1], q[2][i] - c[2], q[3][i] - c[3]
-    d4, d5, d6, d7 = q[4][i] - c[4], q[5][i] - c[5], q[6][i] - c[6], q[7][i] - c[7]
-    return ((d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3)) + ((d4 * d4 + d5 * d5) + (d6 * d6 + d7 * d7))
-
-
-@_jit
-def _distances_to(pt: np.ndarray, centroid: np.ndarray, out: np.ndarray) -> None:
-    """out[i] = ||p_i - c||^2 for every point of pt (s, n), in float32 (8 dimensions per
-    pass over out when s is a multiple of 8, one otherwise)."""
-    s, n = pt.shape
-    if s % 8 == 0:
-        c = _coef8(centroid, 0)
-        q = _rows8(pt, 0, 0, n)
-        for i in range(n):
-            out[i] = _sqdiff8(c, q, i)
-        for k in range(8, s, 8):
-            c = _coef8(centroid, k)
-            q = _rows8(pt, k, 0, n)
-            for i in range(n):
-                out[i] += _sqdiff8(c, q, i)
-        return
-    for i in range(n):
-        out[i] = 0.0
-    for k in range(s):
-        ck = centroid[k]
-        pk = pt[k]
-        for i in range(n):
-            diff = pk[i] - ck
-            out[i] += diff * diff
-
-
-@_jit
-def _distances4(pt: np.ndarray, p: np.ndarray, picks: np.ndarray, t: int, out: np.ndarray) -> None:
-    """out[t + j] = squared distances of every point of pt (s, n) to p[picks[t + j]] (j < 4),
-    s a multiple of 8; the same bits as :func:`_distances_to`, with each loaded point row
-    serving four candidates."""
-    s, n = pt.shape
-    o0, o1, o2, o3 = out[t], out[t + 1], out[t + 2], out[t + 3]
-    for k in range(0, s, 8):
-        q = _rows8(pt, k, 0, n)
-        c0, c1 = _coef8(p[picks[t]], k), _coef8(p[picks[t + 1]], k)
-        c2, c3 = _coef8(p[picks[t + 2]], k), _coef8(p[picks[t + 3]], k)
-        if k == 0:
-            for i in range(n):
-                d0, d1 = _sqdiff8(c0, q, i), _sqdiff8(c1, q, i)
-                d2, d3 = _sqdiff8(c2, q, i), _sqdiff8(c3, q, i)
-                o0[i], o1[i], o2[i], o3[i] = d0, d1, d2, d3
-        else:
-            for i in range(n):
-                d0, d1 = _sqdiff8(c0, q, i), _sqdiff8(c1, q, i)
-                d2, d3 = _sqdiff8(c2, q, i), _sqdiff8(c3, q, i)
-                o0[i] += d0
-                o1[i] += d1
-                o2[i] += d2
-                o3[i] += d3
-
-
-@_jit
-def _candidate_distances(pt: np.ndarray, p: np.ndarray, picks: np.ndarray, out: np.ndarray) -> None:
-    """out[t] = squared distances of every point of pt (s, n) to the candidate p[picks[t]]."""
-    t = 0
-    if pt.shape[0] % 8 == 0:
-        while t + 4 <= picks.shape[0]:
-            _distances4(pt, p, picks, t, out)
-            t += 4
-    while t < picks.shape[0]:
-        _distances_to(pt, p[picks[t]], out[t])
-        t += 1
-
-
-# Only for sums whose order may be the compiler's: reassociation lets it split a reduction
-# into vector lanes (4x faster here), in an order fixed by the compiled code (per machine,
-# never per thread count), so the output still depends on the input only.
-_jit_reduce = numba.njit(
-    cache=True, nogil=True, boundscheck=False, fastmath={"contract", "reassoc"}
-)
-
-
-@_jit_reduce
-def _potential(closest: np.ndarray, candidate: np.ndarray) -> float:
-    """sum_i min(closest[i], candidate[i]) in float64: the k-means++ potential if candidate
-    joins, which only ranks the candidates (so its summation order may be the compiler's)."""
-    total = 0.0
-    for i in range(closest.shape[0]):
-        total += min(closest[i], candidate[i])
-    return total
-
-
-@_jit
-def kmeanspp_groups(
-    points: np.ndarray, pt: np.ndarray, num: int, first: np.ndarray, uniforms: np.ndarray
-) -> np.ndarray:
-    """Greedy k-means++ seeding (Arthur & Vassilvitskii, 2007; as scikit-learn's) per group.
-
-    points (G, n, s), pt (G, s, n) float32; first (G,) index of each group's first centroid;
-    uniforms (G, L, T) in [0, 1): T candidates per further centroid are drawn with probability
-    proportional to the squared distance to the nearest centroid so far (the cumulative sum
-    searched for u * total), and the one that lowers the potential sum(closest) most is kept.
-    Once every point coincides with a chosen centroid (fewer distinct points than L), the
-    remaining centroids repeat the last one; the assignment never uses such duplicates.
-    Returns (G, L, s) float32.
-    """
-    g, n, s = points.shape
-    trials = uniforms.shape[2]
-    out = np.empty((g, num, s), dtype=np.float32)
-    closest = np.empty(n, dtype=np.float32)
-    candidates = np.empty((trials, n), dtype=np.float32)
-    picks = np.empty(trials, dtype=np.int64)
-    cumulative = np.empty(n, dtype=np.float64)
-    for group in range(g):
-        p = points[group]
-        out[group, 0] = p[first[group]]
-        _distances_to(pt[group], p[first[group]], closest)
-        chosen = first[group]
-        for c in range(1, num):
-            total = 0.0
-            for i in range(n):
-                total += closest[i]
-                cumulative[i] = total
-            if total <= 0.0:  # every point sits on a centroid already
-                out[group, c] = p[chosen]
-                continue
-            for t in range(trials):  # every draw uses the same weights: all drawn first
-                idx = np.searchsorted(cumulative, uniforms[group, c, t] * total, side="right")
-                picks[t] = min(idx, n - 1)
-            _candidate_distances(pt[group], p, picks, candidates)
-            best_potential = np.inf
-            best = 0
-            for t in range(trials):
-                potential = _potential(closest, candidates[t])
-                if potential < best_potential:
-                    best_potential = potential
-                    best = t
-            chosen = picks[best]
-            out[group, c] = p[chosen]
-            nearest = candidates[best]
-            for i in range(n):
-                closest[i] = min(closest[i], nearest[i])
-    return out
