@@ -1,4 +1,7 @@
-"""Compiled (numba) kernels of shared/kmeans.py: fused assignment + centroid sums, Lloyd, seeding.
+"""Compiled (numba) kernels of shared/kmeans.py: the fused assignment + centroid sums.
+
+The Lloyd loop over it is shared/kmeans_lloyd.py; subsampling and k-means++ seeding are
+shared/kmeans_seeding.py (both reuse the helpers and compile settings here).
 
 Why compiled: at the paper's shapes k-means is memory passes and per-call overhead, not
 arithmetic (docs/PERFORMANCE.md). Here one pass over a block of points computes the scores
@@ -6,9 +9,10 @@ of every centroid, keeps the running minimum and its index, and moves the points
 changed between the centroid sums: no (N, L) score matrix, no separate argmin or index_add_
 pass, no per-call overhead per group (all R groups run in one call).
 
-Determinism: every kernel is sequential (no parallel loops, no fastmath reassociation), so
-its output depends on its input only, never on the thread count. Floats are summed in a fixed
-order; the centroid sums are float64, updated incrementally by the points that changed label.
+Determinism: every kernel is sequential (no parallel loops; no fastmath reassociation but for
+the k-means++ potential, shared/kmeans_seeding.py), so its output depends on its input only,
+never on the thread count. Floats are summed in a fixed order; the centroid sums are
+float64, updated incrementally by the points that changed label.
 
 Compile cost: ``cache=True`` keeps the compiled code on disk (numba's __pycache__ beside this
 file, or NUMBA_CACHE_DIR; when neither is writable, a per-user directory under the temporary
@@ -39,18 +43,35 @@ _ensure_writable_cache()
 import numba  # noqa: E402  (after the cache directory is settled: numba reads it on import)
 import numpy as np  # noqa: E402
 
-__all__ = ["assign_groups", "kmeanspp_groups", "lloyd_groups"]
+__all__ = ["assign_groups", "transpose_groups"]
 
 # Points per block of the assignment: the block's transposed points (s x block floats, at
-# most _BLOCK_FLOATS), its running minima and labels stay in the L1 cache (32 KiB per core
-# here) while every centroid passes over them.
+# most _BLOCK_FLOATS = 128 KiB), its running minima and labels stay in the L2 cache (512 KiB
+# per core here; its four score rows in L1) while every centroid passes over them. Measured:
+# 512 points beat 256 by 10-15 % at s = 32 and 64, and 1024 gains nothing.
 _BLOCK = 512
-_BLOCK_FLOATS = 16384
+_BLOCK_FLOATS = 32768
 
 # float32, so that the products stay float32 (a Python -2.0 would promote them to float64)
 _MINUS_TWO = np.float32(-2.0)
 
 _jit = numba.njit(cache=True, nogil=True, boundscheck=False, fastmath={"contract"})
+
+
+@_jit
+def transpose_groups(points: np.ndarray) -> np.ndarray:
+    """(G, n, s) -> (G, s, n) float32, 64 points at a time: each block's rows stay in L1
+    while its columns are written out (2-4x faster than numpy's strided copy here)."""
+    g, n, s = points.shape
+    out = np.empty((g, s, n), dtype=np.float32)
+    for group in range(g):
+        for start in range(0, n, 64):
+            stop = min(start + 64, n)
+            for k in range(s):
+                column, row = points[group, start:stop, k], out[group, k, start:stop]
+                for i in range(stop - start):
+                    row[i] = column[i]
+    return out
 
 
 @_jit
@@ -91,6 +112,114 @@ def _nearer(score: float, c: int, old: float, old_c: int) -> tuple[Any, Any]:
 
 
 @_jit
+def _nearest4(
+    sa: float, sb: float, sc: float, sd: float, c: int, old: float, old_c: int
+) -> tuple[Any, Any]:
+    """The running minimum after the scores of centroids c..c+3, in index order."""
+    near, index = _nearer(sa, c, old, old_c)
+    near, index = _nearer(sb, c + 1, near, index)
+    near, index = _nearer(sc, c + 2, near, index)
+    return _nearer(sd, c + 3, near, index)
+
+
+@_jit
+def _scores4(
+    pt: np.ndarray,
+    start: int,
+    m: int,
+    scaled: np.ndarray,
+    c_sq: np.ndarray,
+    c: int,
+    acc: np.ndarray,
+) -> None:
+    """acc[j, :m] = score of centroid c+j (j < 4) for points start..start+m of pt (s, n),
+    s a multiple of 8: ||c||^2 plus the 8-dimension partial dot products, in dimension order.
+
+    Four centroids per pass over the points: each point row loaded once feeds 32 products,
+    a quarter of the loads of one centroid at a time (4-7x faster at s = 32 and 64 here).
+    """
+    s = pt.shape[0]
+    a0, a1, a2, a3 = acc[0], acc[1], acc[2], acc[3]
+    for i in range(m):
+        a0[i], a1[i], a2[i], a3[i] = c_sq[c], c_sq[c + 1], c_sq[c + 2], c_sq[c + 3]
+    for k in range(0, s, 8):
+        q = _rows8(pt, k, start, m)
+        w0, w1 = _coef8(scaled[c], k), _coef8(scaled[c + 1], k)
+        w2, w3 = _coef8(scaled[c + 2], k), _coef8(scaled[c + 3], k)
+        for i in range(m):
+            # every load of q before any store to acc: no reload for a possible alias
+            d0, d1 = _dot8(w0, q, i), _dot8(w1, q, i)
+            d2, d3 = _dot8(w2, q, i), _dot8(w3, q, i)
+            a0[i] += d0
+            a1[i] += d1
+            a2[i] += d2
+            a3[i] += d3
+
+
+@_jit
+def _leading_s8(
+    pt: np.ndarray,
+    start: int,
+    m: int,
+    scaled: np.ndarray,
+    c_sq: np.ndarray,
+    best: np.ndarray,
+    spare: np.ndarray,
+    label: np.ndarray,
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """The running minimum over centroids 0..c at s = 8, four (then two) per pass with no
+    score row through memory; returns c and the (best, spare) buffers as swapped."""
+    num = scaled.shape[0]
+    c = 0
+    q = _rows8(pt, 0, start, m)
+    while c + 4 <= num:
+        best, spare = spare, best
+        w0, w1 = _coef8(scaled[c], 0), _coef8(scaled[c + 1], 0)
+        w2, w3 = _coef8(scaled[c + 2], 0), _coef8(scaled[c + 3], 0)
+        b0, b1, b2, b3 = c_sq[c], c_sq[c + 1], c_sq[c + 2], c_sq[c + 3]
+        for i in range(m):
+            best[i], label[i] = _nearest4(
+                b0 + _dot8(w0, q, i), b1 + _dot8(w1, q, i), b2 + _dot8(w2, q, i),
+                b3 + _dot8(w3, q, i), c, spare[i], label[i],
+            )  # fmt: skip
+        c += 4
+    if c + 2 <= num:  # L = 2: two centroids in one pass
+        best, spare = spare, best
+        w0, w1 = _coef8(scaled[c], 0), _coef8(scaled[c + 1], 0)
+        b0, b1 = c_sq[c], c_sq[c + 1]
+        for i in range(m):
+            near, index = _nearer(b0 + _dot8(w0, q, i), c, spare[i], label[i])
+            best[i], label[i] = _nearer(b1 + _dot8(w1, q, i), c + 1, near, index)
+        c += 2
+    return c, best, spare
+
+
+@_jit
+def _leading_by4(
+    pt: np.ndarray,
+    start: int,
+    m: int,
+    scaled: np.ndarray,
+    c_sq: np.ndarray,
+    acc: np.ndarray,
+    best: np.ndarray,
+    spare: np.ndarray,
+    label: np.ndarray,
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """The running minimum over centroids 0..c (c = L rounded down to a multiple of 4) at
+    s a multiple of 8, four centroids' scores per pass; returns c and the swapped buffers."""
+    c = 0
+    while c + 4 <= scaled.shape[0]:
+        best, spare = spare, best
+        _scores4(pt, start, m, scaled, c_sq, c, acc)
+        a0, a1, a2, a3 = acc[0], acc[1], acc[2], acc[3]
+        for i in range(m):
+            best[i], label[i] = _nearest4(a0[i], a1[i], a2[i], a3[i], c, spare[i], label[i])
+        c += 4
+    return c, best, spare
+
+
+@_jit
 def _assign_block(
     pt: np.ndarray,
     start: int,
@@ -103,14 +232,15 @@ def _assign_block(
     label: np.ndarray,
 ) -> None:
     """label[:m] = nearest centroid of points start..start+m of pt (s, n); ties go to the
-    lowest index. scaled (L, s) = -2 * centroids, c_sq (L,) = ||c||^2.
+    lowest index. scaled (L, s) = -2 * centroids, c_sq (L,) = ||c||^2, acc (4, >= m) scratch.
 
-    The score ||c||^2 - 2 c.p is summed 8 dimensions at a time when s is a multiple of 8
-    (at s = 8 two centroids per pass, nothing through memory but the running minimum), else
-    one dimension at a time. Every inner loop runs along contiguous points and vectorizes.
-    The old minimum is read from one buffer and the new one written to the other, with no
-    conditional load or store: otherwise the compiler emits masked moves, microcoded (slow)
-    on AMD cores.
+    The score ||c||^2 - 2 c.p is summed 8 dimensions at a time when s is a multiple of 8,
+    four centroids per pass (at s = 8 with nothing through memory but the running minimum),
+    else one dimension at a time; either way the score of a centroid is ||c||^2 plus its
+    8-dimension partial sums in dimension order, so every path gives the same bits. Every
+    inner loop runs along contiguous points and vectorizes. The old minimum is read from one
+    buffer and the new one written to the other, with no conditional load or store:
+    otherwise the compiler emits masked moves, microcoded (slow) on AMD cores.
     """
     s = pt.shape[0]
     num = scaled.shape[0]
@@ -119,38 +249,38 @@ def _assign_block(
         label[i] = 0
     c = 0
     if s == 8:
-        q = _rows8(pt, 0, start, m)
-        while c + 2 <= num:
-            best, spare = spare, best
-            a, b = _coef8(scaled[c], 0), _coef8(scaled[c + 1], 0)
-            base_a, base_b = c_sq[c], c_sq[c + 1]
-            for i in range(m):
-                near, index = _nearer(base_a + _dot8(a, q, i), c, spare[i], label[i])
-                best[i], label[i] = _nearer(base_b + _dot8(b, q, i), c + 1, near, index)
-            c += 2
-    while c < num:
+        c, best, spare = _leading_s8(pt, start, m, scaled, c_sq, best, spare, label)
+    elif s % 8 == 0:
+        c, best, spare = _leading_by4(pt, start, m, scaled, c_sq, acc, best, spare, label)
+    first = acc[0]
+    while c < num:  # the last L mod 4 centroids, or every centroid when s is not a multiple of 8
         best, spare = spare, best
         for i in range(m):
-            acc[i] = c_sq[c]
-        if s % 16 == 0:  # 16 dimensions per pass over acc: half the load/store traffic
-            for k in range(0, s, 16):
-                q, a = _rows8(pt, k, start, m), _coef8(scaled[c], k)
-                q2, a2 = _rows8(pt, k + 8, start, m), _coef8(scaled[c], k + 8)
-                for i in range(m):
-                    acc[i] += _dot8(a, q, i) + _dot8(a2, q2, i)
-        elif s % 8 == 0:
+            first[i] = c_sq[c]
+        if s % 8 == 0:
             for k in range(0, s, 8):
-                q, a = _rows8(pt, k, start, m), _coef8(scaled[c], k)
+                q, w = _rows8(pt, k, start, m), _coef8(scaled[c], k)
                 for i in range(m):
-                    acc[i] += _dot8(a, q, i)
+                    first[i] += _dot8(w, q, i)
         else:
             for k in range(s):
-                row, w = pt[k, start : start + m], scaled[c, k]
+                row, wk = pt[k, start : start + m], scaled[c, k]
                 for i in range(m):
-                    acc[i] += w * row[i]
+                    first[i] += wk * row[i]
         for i in range(m):
-            best[i], label[i] = _nearer(acc[i], c, spare[i], label[i])
+            best[i], label[i] = _nearer(first[i], c, spare[i], label[i])
         c += 1
+
+
+@_jit
+def _prepare(centroids: np.ndarray, scaled: np.ndarray, c_sq: np.ndarray) -> None:
+    """scaled (L, s) = -2 * centroids and c_sq (L,) = ||c||^2 (float32, dimension order)."""
+    for c in range(centroids.shape[0]):
+        total = np.float32(0.0)
+        for k in range(centroids.shape[1]):
+            total += centroids[c, k] * centroids[c, k]
+            scaled[c, k] = _MINUS_TWO * centroids[c, k]
+        c_sq[c] = total
 
 
 @_jit
@@ -173,14 +303,9 @@ def _assign_group(
     num = centroids.shape[0]
     c_sq = np.empty(num, dtype=np.float32)
     scaled = np.empty((num, s), dtype=np.float32)
-    for c in range(num):
-        total = np.float32(0.0)
-        for k in range(s):
-            total += centroids[c, k] * centroids[c, k]
-            scaled[c, k] = _MINUS_TWO * centroids[c, k]
-        c_sq[c] = total
+    _prepare(centroids, scaled, c_sq)
     block = max(8, min(_BLOCK, _BLOCK_FLOATS // s // 8 * 8))
-    acc = np.empty(block, dtype=np.float32)
+    acc = np.empty((4, block), dtype=np.float32)
     best = np.empty(block, dtype=np.float32)
     spare = np.empty(block, dtype=np.float32)
     label = np.empty(block, dtype=np.int32)
@@ -207,154 +332,31 @@ def _assign_group(
 
 
 @_jit
-def assign_groups(points: np.ndarray, pt: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-    """Nearest centroid of every point: points (G, n, s), pt (G, s, n), centroids (G, L, s)
-    float32 -> (G, n) int64."""
-    g, n, s = points.shape
-    labels = np.full((g, n), -1, dtype=np.int64)
-    sums = np.empty((0, s), dtype=np.float64)
-    counts = np.empty(0, dtype=np.int64)
-    for group in range(g):
-        cents = centroids[group]
-        _assign_group(points[group], pt[group], cents, labels[group], sums, counts, False)
-    return labels
-
-
-@_jit
-def _update(centroids: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> None:
-    """Every centroid (L, s) with points becomes their mean; an empty one stays."""
-    for c in range(centroids.shape[0]):
-        if counts[c] > 0:
-            for k in range(centroids.shape[1]):
-                centroids[c, k] = np.float32(sums[c, k] / counts[c])
-
-
-@_jit
-def lloyd_step(
-    points: np.ndarray,
-    pt: np.ndarray,
-    centroids: np.ndarray,
-    labels: np.ndarray,
-    sums: np.ndarray,
-    counts: np.ndarray,
-    active: np.ndarray,
-    update: bool,
-) -> int:
-    """One Lloyd iteration on every active group: (with ``update``) move each centroid to the
-    mean of its points, then reassign; a group whose labels did not change becomes inactive
-    (further updates would not move it). Returns how many groups are still active.
-
-    points (G, n, s), pt (G, s, n) float32; centroids (G, L, s) float32 in/out; labels
-    (G, n) int64 in/out, -1 before the first step; sums (G, L, s) float64 and counts (G, L)
-    int64, the running sums of each cluster's points; active (G,) bool in/out.
-
-    The iteration loop stays in Python: at most ``iterations + 1`` calls, each over all
-    groups, so the call overhead is a few microseconds per iteration whatever G is.
-    """
-    still = 0
-    for group in range(points.shape[0]):
-        if not active[group]:
-            continue
-        if update:
-            _update(centroids[group], sums[group], counts[group])
-        changed = _assign_group(
-            points[group], pt[group], centroids[group], labels[group], sums[group],
-            counts[group], True,
-        )  # fmt: skip
-        if update and changed == 0:
-            active[group] = False
-        else:
-            still += 1
-    return still
-
-
-def lloyd_groups(
-    points: np.ndarray, pt: np.ndarray, centroids: np.ndarray, iterations: int
-) -> tuple[np.ndarray, int]:
-    """Lloyd's algorithm on every group: at most ``iterations`` updates, each followed by an
-    assignment; a group stops once no label changes.
-
-    points (G, n, s), pt (G, s, n) float32; centroids (G, L, s) float32, updated in place
-    (an empty cluster keeps its centroid). Returns labels (G, n) int64 of the final centroids
-    and the most updates any group ran.
-    """
+def assign_groups(points: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+    """Nearest centroid of every point: points (G, n, s), centroids (G, L, s) float32 ->
+    (G, n) int64. Each block of points is transposed into a scratch buffer that stays in
+    cache, rather than the whole array first (one pass over all points: the copy would
+    cost as much as the assignment at L = 2)."""
     g, n, s = points.shape
     num = centroids.shape[1]
-    labels = np.full((g, n), -1, dtype=np.int64)
-    sums = np.zeros((g, num, s), dtype=np.float64)
-    counts = np.zeros((g, num), dtype=np.int64)
-    active = np.ones(g, dtype=np.bool_)
-    state = (points, pt, centroids, labels, sums, counts, active)
-    lloyd_step(*state, False)
-    ran = 0
-    while ran < iterations and lloyd_step(*state, True):
-        ran += 1
-    if ran < iterations:
-        ran += 1  # the update that found the labels settled counts, as before
-    return labels, ran
-
-
-@_jit
-def _distances_to(pt: np.ndarray, centroid: np.ndarray, out: np.ndarray) -> None:
-    """out[i] = ||p_i - c||^2 for every point of pt (s, n), in float32."""
-    s, n = pt.shape
-    for i in range(n):
-        out[i] = 0.0
-    for k in range(s):
-        ck = centroid[k]
-        pk = pt[k]
-        for i in range(n):
-            diff = pk[i] - ck
-            out[i] += diff * diff
-
-
-@_jit
-def kmeanspp_groups(
-    points: np.ndarray, pt: np.ndarray, num: int, first: np.ndarray, uniforms: np.ndarray
-) -> np.ndarray:
-    """Greedy k-means++ seeding (Arthur & Vassilvitskii, 2007; as scikit-learn's) per group.
-
-    points (G, n, s), pt (G, s, n) float32; first (G,) index of each group's first centroid;
-    uniforms (G, L, T) in [0, 1): T candidates per further centroid are drawn with probability
-    proportional to the squared distance to the nearest centroid so far (the cumulative sum
-    searched for u * total), and the one that lowers the potential sum(closest) most is kept.
-    Once every point coincides with a chosen centroid (fewer distinct points than L), the
-    remaining centroids repeat the last one; the assignment never uses such duplicates.
-    Returns (G, L, s) float32.
-    """
-    g, n, s = points.shape
-    trials = uniforms.shape[2]
-    out = np.empty((g, num, s), dtype=np.float32)
-    closest = np.empty(n, dtype=np.float32)
-    candidate = np.empty(n, dtype=np.float32)
-    best_dist = np.empty(n, dtype=np.float32)
-    cumulative = np.empty(n, dtype=np.float64)
+    labels = np.empty((g, n), dtype=np.int64)
+    block = max(8, min(_BLOCK, _BLOCK_FLOATS // s // 8 * 8))
+    scratch = np.empty((s, block), dtype=np.float32)
+    acc = np.empty((4, block), dtype=np.float32)
+    best = np.empty(block, dtype=np.float32)
+    spare = np.empty(block, dtype=np.float32)
+    label = np.empty(block, dtype=np.int32)
+    scaled = np.empty((num, s), dtype=np.float32)
+    c_sq = np.empty(num, dtype=np.float32)
     for group in range(g):
-        p = points[group]
-        out[group, 0] = p[first[group]]
-        _distances_to(pt[group], p[first[group]], closest)
-        chosen = first[group]
-        for c in range(1, num):
-            total = 0.0
-            for i in range(n):
-                total += closest[i]
-                cumulative[i] = total
-            if total <= 0.0:  # every point sits on a centroid already
-                out[group, c] = p[chosen]
-                continue
-            best_potential = np.inf
-            for t in range(trials):
-                idx = np.searchsorted(cumulative, uniforms[group, c, t] * total, side="right")
-                idx = min(idx, n - 1)
-                _distances_to(pt[group], p[idx], candidate)
-                potential = 0.0
-                for i in range(n):
-                    potential += min(closest[i], candidate[i])
-                if potential < best_potential:
-                    best_potential = potential
-                    chosen = idx
-                    best_dist[:] = candidate
-            out[group, c] = p[chosen]
-            for i in range(n):
-                closest[i] = min(closest[i], best_dist[i])
-    return out
+        _prepare(centroids[group], scaled, c_sq)
+        for start in range(0, n, block):
+            m = min(block, n - start)
+            for k in range(s):
+                column, row = points[group, start : start + m, k], scratch[k]
+                for i in range(m):
+                    row[i] = column[i]
+            _assign_block(scratch, 0, m, scaled, c_sq, acc, best, spare, label)
+            for i in range(m):
+                labels[group, start + i] = label[i]
+    return labels

@@ -37,7 +37,8 @@ class PQConfig:
     R: int = 1  # groups of subvector positions sharing a codebook; must divide q
     iterations: int = 10  # Lloyd iteration budget per batch (early stop when settled)
     init: InitMethod = "kmeans++"  # centroid seeding
-    # train on a subsample of max(2048, L * this) points per group (faiss: 256 L); None: all
+    # train on a subsample of max(4096, L * this) points per group when N is over twice that
+    # (faiss: 256 L when N is over it); None: all
     max_points_per_centroid: int | None = 256
     threads: int | None = 1  # torch threads while clustering (None: the process's setting)
 
