@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 from api_schemas import AlignmentIn, AlignmentOut, PsiInfo, ResumeIn, RunCreate, RunOut
 from api_schemas.problems import MSGPACK_CONTENT_TYPE, PROBLEM_CONTENT_TYPE
-from party_a.connection_errors import check_base_url, configuration_fault
+from party_a.connection_errors import TlsProbe, check_base_url, configuration_fault
 from party_a.errors import ConfigError, ProtocolError, TransportError, problem_from_body
 
 __all__ = ["HttpTransport", "Transport"]
@@ -76,6 +76,8 @@ class HttpTransport:
         )
         self._retry_for = retry_for
         self._sleep = sleep
+        # plain HTTP to a TLS port? asked once, and never after party B answered over HTTP
+        self.tls_probe = TlsProbe()
         self.retries = 0  # retried attempts so far (reported in the training summary)
         # message bodies of every exchange that got an answer, retries included (bytes)
         self.bytes_sent = 0
@@ -188,10 +190,13 @@ class HttpTransport:
             except httpx.TransportError as exc:
                 failure = f"{type(exc).__name__}: {exc}"
                 # a wrong URL or certificate does not heal by waiting: fail now, with the fix
-                fault = configuration_fault(exc, self._client.base_url, self._ca_bundle)
+                fault = configuration_fault(
+                    exc, self._client.base_url, self._ca_bundle, probe=self.tls_probe
+                )
                 if fault is not None:
                     raise ConfigError(f"{method} {path}: {fault}") from None
             else:
+                self.tls_probe.heard_http()
                 self.bytes_sent += len(kwargs.get("content") or b"")
                 self.bytes_received += len(response.content)
                 if response.status_code < 400:

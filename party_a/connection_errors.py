@@ -9,6 +9,8 @@ unknown CA and a host-name mismatch need different fixes).
 
 import socket
 import ssl
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
@@ -17,7 +19,7 @@ import httpx
 
 from party_a.errors import ConfigError
 
-__all__ = ["check_base_url", "configuration_fault", "speaks_tls"]
+__all__ = ["TlsProbe", "check_base_url", "configuration_fault", "speaks_tls"]
 
 E = TypeVar("E", bound=BaseException)
 
@@ -61,10 +63,63 @@ def check_base_url(url: str) -> str:
     return text.rstrip("/")
 
 
+def speaks_tls(host: str, port: int, timeout: float = 3.0) -> bool:
+    """Whether ``host:port`` completes a TLS handshake (certificate not checked: this only
+    asks which protocol the port speaks)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with (
+            socket.create_connection((host, port), timeout=timeout) as sock,
+            context.wrap_socket(sock, server_hostname=host),
+        ):
+            return True
+    except (OSError, ssl.SSLError):
+        return False
+
+
+class TlsProbe:
+    """Whether party B's port speaks TLS, asked at most once per client, and only until an
+    HTTP answer has come from it.
+
+    Plain HTTP sent to a TLS port fails on every request, so once any request got an HTTP
+    answer the question is settled: a reset or a half answer after that is the network.
+    Asking on every such fault cost a TLS handshake per retry against a peer that may never
+    answer one (a proxy or middlebox waiting for an HTTP request: ``timeout`` s each); with
+    K steps in flight on a flaky network that added minutes (issue 17). Thread-safe: the
+    K sender threads share one.
+    """
+
+    def __init__(self, probe: Callable[[str, int], bool] = speaks_tls) -> None:
+        self._probe = probe
+        self._settled = False
+        self._lock = threading.Lock()
+        self.probes = 0  # handshakes tried (at most 1)
+
+    def heard_http(self) -> None:
+        """An HTTP answer came back: the port speaks plain HTTP (or TLS, as the URL says)."""
+        self._settled = True
+
+    def __call__(self, host: str, port: int) -> bool:
+        with self._lock:
+            if self._settled:
+                return False
+            self._settled = True
+            self.probes += 1
+            return self._probe(host, port)
+
+
 def configuration_fault(
-    exc: httpx.TransportError, base_url: httpx.URL, ca_bundle: Path | None
+    exc: httpx.TransportError,
+    base_url: httpx.URL,
+    ca_bundle: Path | None,
+    probe: Callable[[str, int], bool] = speaks_tls,
 ) -> str | None:
-    """What is misconfigured, with the fix, when ``exc`` cannot heal by retrying; else None."""
+    """What is misconfigured, with the fix, when ``exc`` cannot heal by retrying; else None.
+
+    ``probe(host, port)``: whether the port speaks TLS, asked when plain HTTP got a reset or
+    a garbled answer (a :class:`TlsProbe` asks at most once per client)."""
     if isinstance(exc, httpx.UnsupportedProtocol):
         return f"{exc}; party B's URL must start with https:// or http://"
     verify = _find(exc, ssl.SSLCertVerificationError)
@@ -80,7 +135,7 @@ def configuration_fault(
     if (
         base_url.scheme == "http"
         and isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError)
-        and speaks_tls(base_url.host, _port(base_url))
+        and probe(base_url.host, _port(base_url))
     ):
         return (
             f"party B serves HTTPS on {base_url.host}:{_port(base_url)}, but the URL says "
@@ -116,22 +171,6 @@ def _certificate_hint(
     if code in (_EXPIRED, _NOT_YET_VALID):
         return f"{what}; party B's operator must renew it (or check this machine's clock)"
     return f"{what}; check the certificate with party B's operator"
-
-
-def speaks_tls(host: str, port: int, timeout: float = 3.0) -> bool:
-    """Whether ``host:port`` completes a TLS handshake (certificate not checked: this only
-    asks which protocol the port speaks)."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    try:
-        with (
-            socket.create_connection((host, port), timeout=timeout) as sock,
-            context.wrap_socket(sock, server_hostname=host),
-        ):
-            return True
-    except (OSError, ssl.SSLError):
-        return False
 
 
 def _find(exc: BaseException, kind: type[E]) -> E | None:

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import trustme
 
+from party_a.client import HttpTransport
 from tests.utils.cli import TOKEN, demo_tables, run_cli
+from tests.utils.faults import Fault, FaultPlan, FaultProxy
 from tests.utils.servers import PartyBProcess, free_port
 
 FAST = 20.0  # seconds: what "at once" means here (a handshake or two, Python start-up)
@@ -132,3 +134,25 @@ def test_check_answers_within_seconds_by_default_when_party_b_is_down() -> None:
 
     assert code == 1 and seconds < FAST, out
     assert "unreachable" in out
+
+
+def test_network_faults_on_plain_http_ask_whether_the_port_speaks_tls_once_at_most(
+    servers: dict[str, object],
+) -> None:
+    """Issue 17: every reset or half answer used to start a TLS handshake to tell plain HTTP
+    sent to a TLS port from the network; a peer that never answers one (this proxy, a
+    middlebox) held each retry for seconds and K=2 runs on a flaky network for minutes."""
+    failures = [Fault.RESET, Fault.DROP, Fault.TRUNCATE]
+    plan = FaultPlan(seed=0, script=[*failures, Fault.PASS, *failures, Fault.PASS])
+    with (
+        FaultProxy(int(str(servers["plain"])), plan) as proxy,
+        HttpTransport(proxy.url, TOKEN, timeout=10, retry_for=120) as transport,
+    ):
+        transport.psi_info()  # three faults before any answer: one handshake settles it
+        assert proxy.tls_hellos == 1
+
+        transport.psi_info()  # party B has answered over HTTP: faults are the network's
+        assert proxy.tls_hellos == 1
+        assert transport.tls_probe.probes == 1
+        assert transport.retries == 2 * len(failures)
+        assert [fault for _line, fault in proxy.requests] == plan.script

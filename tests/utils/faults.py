@@ -13,8 +13,10 @@ It reads each request whole from party A, draws a fault from its own ``random.Ra
                 ``stall_s`` later: party B gets a stale duplicate after party A moved on.
 
 Every request goes to party B on a fresh connection; when party B is down the client's
-connection is simply closed. Only what party A's ``HttpTransport`` sends is supported:
-Content-Length bodies, no chunked uploads (``Transfer-Encoding`` is refused).
+connection is simply closed. A TLS ClientHello (party A asking whether the port speaks TLS)
+is counted in ``tls_hellos`` and never answered, as a middlebox waiting for HTTP would. Only
+what party A's ``HttpTransport`` sends is supported: Content-Length bodies, no chunked
+uploads (``Transfer-Encoding`` is refused).
 """
 
 import asyncio
@@ -67,6 +69,9 @@ async def _read_message(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(_content_length(head))
 
 
+_TLS_HANDSHAKE = b"\x16"  # the first byte of a TLS record carrying a handshake message
+
+
 def _reset(writer: asyncio.StreamWriter) -> None:
     """Close with a TCP RST (SO_LINGER 0) rather than an orderly FIN."""
     sock = writer.get_extra_info("socket")
@@ -83,6 +88,7 @@ class FaultProxy:
         self.plan = plan
         self.counts: Counter[Fault] = Counter()
         self.requests: list[tuple[str, Fault]] = []  # (request line, fault), arrival order
+        self.tls_hellos = 0  # connections that opened with a TLS handshake (left unanswered)
         self._rng = random.Random(plan.seed)
         self._script = list(plan.script)
         self._lock = threading.Lock()
@@ -143,7 +149,13 @@ class FaultProxy:
         try:
             while True:
                 try:
-                    request = await _read_message(reader)
+                    first = await reader.readexactly(1)
+                    if first == _TLS_HANDSHAKE:
+                        with self._lock:
+                            self.tls_hellos += 1
+                        await reader.read()  # silent until the client gives up
+                        return
+                    request = first + await _read_message(reader)
                 except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
                     return
                 line = request.split(b"\r\n", 1)[0].decode("latin-1")
