@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from party_a.client import HttpTransport
+from party_a.errors import TransportError
 from party_a.state import LocalStore
 from party_a.trainer import PartyATrainer, TrainSummary
 from shared.training import state_from_bytes, state_sha256
@@ -57,11 +58,21 @@ def party_b(tmp_path: Path) -> Iterator[PartyBProcess]:
 def trainers(party_b: PartyBProcess, tmp_path: Path) -> Iterator[Callable[..., PartyATrainer]]:
     made: list[PartyATrainer] = []
 
-    def make(name: str, *, server: str | None = None, timeout: float = 120.0, **overrides: Any):
+    def make(
+        name: str,
+        *,
+        server: str | None = None,
+        timeout: float = 120.0,
+        retry_for: float = 120.0,
+        **overrides: Any,
+    ):
         _guest, host = breast_pair()
         config = breast_config(name, **overrides)
         url = server or party_b.url
-        made.append(make_trainer(tmp_path / f"a-{name}", url, ALICE, host, config, timeout=timeout))
+        state = tmp_path / f"a-{name}"
+        made.append(
+            make_trainer(state, url, ALICE, host, config, timeout=timeout, retry_for=retry_for)
+        )
         return made[-1]
 
     yield make
@@ -171,6 +182,31 @@ def test_party_b_sigkilled_at_random_moments_and_mid_checkpoint_ends_like_an_uni
     assert (answer.loss, answer.metrics) == (expected.loss, expected.metrics)
     assert _bottom_sha(trainer) == _bottom_sha(reference)
     assert _remote(party_b, trainer.run_id)["model_sha256"] == expected_top
+
+
+def test_party_b_gone_with_steps_in_flight_is_reported_within_retry_for(
+    party_b: PartyBProcess, trainers: Callable[..., PartyATrainer]
+) -> None:
+    """K=2 steps in flight when party B dies for good: party A stops retrying after
+    ``retry_for`` with an error that says so, no thread left waiting on an answer. (That a
+    run picks up again once party B is back: the kill tests below.)"""
+    retry_for = 3.0
+    settings = {"run.steps": 60, "run.checkpoint_interval": 5, "run.pipeline_depth": 2}
+    trainer = trainers("gone", retry_for=retry_for, **settings)
+    trainer.prepare()
+    thread, result = _train_in_thread(trainer)
+    _wait_for(lambda: trainer.step >= 12 or not thread.is_alive(), 120, "step 12")
+    party_b.kill9()
+    died = time.monotonic()
+    thread.join(timeout=120)
+
+    assert not thread.is_alive(), "party A still waits for a party B that is gone"
+    waited = time.monotonic() - died
+    assert isinstance(result.get("error"), TransportError), result
+    assert "unreachable for 3 s" in str(result["error"])
+    # each of the K requests in flight gives up after retry_for (+ one attempt's timeouts)
+    assert waited < 10 * retry_for, waited
+    assert not [t for t in threading.enumerate() if t.name.startswith("fedlite-step")]
 
 
 # ------------------------------------------------------------------------ party A killed
