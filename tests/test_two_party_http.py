@@ -1,11 +1,15 @@
 """End-to-end over real HTTP: party B is ``fedlite-b serve`` in its own process, on a
-temporary SQLite file; party A trains against it from this process."""
+temporary SQLite file; party A trains against it from this process.
+
+One party B serves the whole module (its start-up is most of a test's time on a loaded
+machine): every test works on runs of its own name, and a test that kills party B starts it
+again before it ends.
+
+A party A CLI killed and run again: ``tests/test_faults.py::
+test_party_a_cli_sigkilled_three_times_ends_like_an_uninterrupted_run`` (three kills, K = 1
+and K = 2)."""
 
 import hashlib
-import json
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +38,8 @@ def clients(party_b: PartyBProcess) -> Iterator[Callable[..., httpx.Client]]:
 
     def make(token: str | None = ALICE) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        made.append(httpx.Client(base_url=party_b.url, headers=headers))
+        # httpx's default 5 s read timeout failed here at load 15 (party B answers slowly)
+        made.append(httpx.Client(base_url=party_b.url, headers=headers, timeout=60))
         return made[-1]
 
     yield make
@@ -63,9 +68,10 @@ def _step_log(party_b: PartyBProcess, run_id: str) -> list[dict[str, int]]:
         return transport.step_log(run_id)
 
 
-@pytest.fixture
-def party_b(tmp_path: Path) -> Iterator[PartyBProcess]:
-    with breast_party_b(tmp_path / "party_b", {"alice": ALICE, "mallory": MALLORY}) as server:
+@pytest.fixture(scope="module")
+def party_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PartyBProcess]:
+    data = tmp_path_factory.mktemp("two-party") / "party_b"
+    with breast_party_b(data, {"alice": ALICE, "mallory": MALLORY}) as server:
         yield server
 
 
@@ -161,8 +167,9 @@ def test_a_token_sees_only_its_own_runs(
 def test_sigkill_party_b_mid_run_applies_every_step_exactly_once(
     party_b: PartyBProcess, trainers: Callable[..., PartyATrainer]
 ) -> None:
-    """Kill party B twice during training; the run ends exactly like an uninterrupted one."""
-    steps = 400
+    """Kill party B twice during training; the run ends exactly like an uninterrupted one
+    (K = 1; six kills, mid-checkpoint ones included, at K = 2: test_faults.py)."""
+    steps = 200
     reference = trainers("reference", **{"run.steps": steps})
     reference.prepare()
     reference.train()
@@ -178,9 +185,10 @@ def test_sigkill_party_b_mid_run_applies_every_step_exactly_once(
         except Exception as exc:  # surfaced by the assertion below
             result["error"] = exc
 
+    resumed = party_b.log().count("resumes from checkpoint")  # the module shares party B
     thread = threading.Thread(target=train)
     thread.start()
-    for kill_after in (60, 190):
+    for kill_after in (60, 140):
         while trainer.step < kill_after and thread.is_alive():
             time.sleep(0.005)
         party_b.kill9()
@@ -191,7 +199,7 @@ def test_sigkill_party_b_mid_run_applies_every_step_exactly_once(
     summary = result["summary"]
     assert summary.last_step == steps  # type: ignore[attr-defined]
     assert summary.rollbacks >= 1  # type: ignore[attr-defined]
-    assert "resumes from checkpoint" in party_b.log()
+    assert party_b.log().count("resumes from checkpoint") > resumed
     log = _step_log(party_b, trainer.run_id)
     assert [row["step"] for row in log] == list(range(1, steps + 1))  # each once, none lost
     answer = trainer.evaluate()
@@ -237,52 +245,3 @@ def test_splitfed_raw_activations_train_over_http(
     expected = raw_step_request_bytes(d=32, batch=32)
     assert {row["bytes_in"] - expected for row in _step_log(party_b, trainer.run_id)} <= {0, 1}
     assert summary.compression == pytest.approx(1.0, abs=0.01)
-
-
-def test_sigkill_party_a_cli_then_rerun_resumes_by_itself(
-    party_b: PartyBProcess, trainers: Callable[..., PartyATrainer], tmp_path: Path
-) -> None:
-    """Kill ``fedlite-a train`` mid-run; the same command again finishes the run exactly."""
-    _guest, host = breast_pair()
-    steps = 250
-    reference = trainers("reference-a", **{"run.steps": steps})
-    reference.prepare()
-    reference.train()
-    expected = reference.evaluate()
-
-    config = tmp_path / "run.toml"
-    config.write_text(
-        (Path(__file__).parents[1] / "examples" / "breast.toml")
-        .read_text()
-        .replace('name = "breast-demo"', 'name = "killed-a"')
-        .replace("steps = 100 ", f"steps = {steps} ")
-    )
-    summary_path = tmp_path / "summary.json"
-    command = [
-        sys.executable, "-m", "party_a.cli", "train", "--server", party_b.url,
-        "--token", ALICE, "--features", str(host), "--config", str(config),
-        "--state-dir", str(tmp_path / "a-state"), "--summary-json", str(summary_path),
-    ]  # fmt: skip
-    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with httpx.Client(base_url=party_b.url, headers={"Authorization": f"Bearer {ALICE}"}) as c:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            runs = c.get("/v1/runs").json()["runs"]
-            mine = [r for r in runs if r["name"] == "killed-a"]
-            if mine and mine[0]["step"] >= 80:
-                break
-            time.sleep(0.02)
-        first.send_signal(signal.SIGKILL)
-        first.wait(timeout=10)
-        killed_at = c.get(f"/v1/runs/{mine[0]['id']}").json()["step"]
-
-    assert 80 <= killed_at < steps
-    second = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0, second.stderr
-
-    summary = json.loads(summary_path.read_text())
-    assert summary["last_step"] == steps
-    log = _step_log(party_b, mine[0]["id"])
-    assert [row["step"] for row in log] == list(range(1, steps + 1))
-    assert summary["eval_metrics"]["eval_loss"] == expected.loss
-    assert summary["eval_metrics"]["eval_auc"] == expected.metrics["auc"]
