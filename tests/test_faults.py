@@ -124,7 +124,7 @@ def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
 # ------------------------------------------------------------------------ party B killed
 
 
-@pytest.mark.timeout(900)  # two runs and six restarts of party B, on a shared machine
+@pytest.mark.timeout(900)  # two runs and four restarts of party B, on a shared machine
 def test_party_b_sigkilled_at_random_moments_and_mid_checkpoint_ends_like_an_uninterrupted_run(
     party_b: PartyBProcess, trainers: Callable[..., PartyATrainer]
 ) -> None:
@@ -148,7 +148,8 @@ def test_party_b_sigkilled_at_random_moments_and_mid_checkpoint_ends_like_an_uni
     trainer = trainers("killed", **config)
     trainer.prepare()
     rng = random.Random(20240606)
-    modes = ["mid-checkpoint", "mid-checkpoint", "random", "random", "after-restart"]
+    # one kill of each kind (a second of a kind repeated its property for 2 restarts' time)
+    modes = ["mid-checkpoint", "random", "after-restart"]
     rng.shuffle(modes)
     kill_at = sorted(rng.sample(range(8, steps - 16), len(modes)))
     arm = Path(party_b.env["FEDLITE_TEST_ARM"])
@@ -182,7 +183,7 @@ def test_party_b_sigkilled_at_random_moments_and_mid_checkpoint_ends_like_an_uni
     summary: TrainSummary = result["summary"]
     assert summary.last_step == steps
     assert summary.rollbacks >= 1
-    assert len(killed_mid_write) == 2
+    assert len(killed_mid_write) == 1
     assert party_b.log().count("resumes from checkpoint") - resumed >= len(modes)
     assert _step_log(party_b, trainer.run_id) == list(range(1, steps + 1))  # each once
     answer = trainer.evaluate()
