@@ -71,14 +71,22 @@ class _Transport(InProcessTransport):
         if step == self.die_at:
             raise SystemExit(f"party A killed while step {step} was in flight")
         time.sleep(self.delay.get(step, 0.0))
+        if step - 1 in self.lose:
+            # never overtake a step whose answer is to be lost: refused (409), this step would
+            # be resent only after that answer, which the hook below holds until this step is
+            # applied (a deadlock that failed the test at load 15)
+            self._wait_applied(run_id, step - 1, f"step {step - 1} was never applied")
         if step in self.lose:  # applied, the answer lost, the retry arrives after step + 1
-            self.lose.discard(step)
             super().step(run_id, body)
-            deadline = time.monotonic() + 30
-            while self.service.get_run(self.caller, run_id).step <= step:
-                assert time.monotonic() < deadline, f"step {step + 1} was never sent"
-                time.sleep(0.01)
+            self.lose.discard(step)  # only now: step + 1 may go
+            self._wait_applied(run_id, step + 1, f"step {step + 1} was never sent")
         return super().step(run_id, body)
+
+    def _wait_applied(self, run_id: str, step: int, failure: str) -> None:
+        deadline = time.monotonic() + 30
+        while self.service.get_run(self.caller, run_id).step < step:
+            assert time.monotonic() < deadline, failure
+            time.sleep(0.01)
 
 
 class _Parties:
