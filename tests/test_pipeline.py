@@ -83,7 +83,7 @@ class _Transport(InProcessTransport):
         return super().step(run_id, body)
 
     def _wait_applied(self, run_id: str, step: int, failure: str) -> None:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a deadlock, not a slow machine
         while self.service.get_run(self.caller, run_id).step < step:
             assert time.monotonic() < deadline, failure
             time.sleep(0.01)
