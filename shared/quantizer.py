@@ -40,6 +40,9 @@ class PQConfig:
     # train on a subsample of max(4096, L * this) points per group when N is over twice that
     # (faiss: 256 L when N is over it); None: all
     max_points_per_centroid: int | None = 256
+    # coarse to fine: all but the last 4 iterations on a seeded random half of the training
+    # points where that keeps max(1024, 16 L) per group (shared/kmeans.py); None: plain Lloyd
+    coarse_fraction: float | None = 0.5
     threads: int | None = 1  # torch threads while clustering (None: the process's setting)
 
     def validate(self, d: int) -> None:
@@ -65,6 +68,10 @@ class PQConfig:
         if self.max_points_per_centroid is not None and self.max_points_per_centroid < 1:
             raise ValueError(
                 f"max_points_per_centroid must be >= 1 or None, got {self.max_points_per_centroid}"
+            )
+        if self.coarse_fraction is not None and not 0.0 < self.coarse_fraction < 1.0:
+            raise ValueError(
+                f"coarse_fraction must be in (0, 1) or None, got {self.coarse_fraction}"
             )
 
 
@@ -128,6 +135,7 @@ class GroupedProductQuantizer:
             seed=seed,
             init=cfg.init,
             max_points_per_centroid=cfg.max_points_per_centroid,
+            coarse_fraction=cfg.coarse_fraction,
             initial_centroids=initial_codebook,
             threads=cfg.threads,
         )
