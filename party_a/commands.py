@@ -18,6 +18,7 @@ from party_a.session import connection, local_runs, open_session, open_state, ru
 from shared.accounting import compression_report
 
 if TYPE_CHECKING:
+    from party_a.client import HttpTransport
     from party_a.state import LocalRun, LocalStore
 
 __all__ = [
@@ -60,14 +61,22 @@ def cmd_ratio(args: argparse.Namespace) -> int:
 # ====================================================================== connection
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    """Exit 0 when party B answers and accepts the token (the image's health check)."""
+def _transport(
+    args: argparse.Namespace, server: str, token: str, *, timeout: float = 120.0
+) -> "HttpTransport":
+    """party A's client of party B at ``server``, with the command line's CA bundle and retry
+    budget; ``timeout`` per request, in seconds (the client's default)."""
     from party_a.client import HttpTransport
 
+    return HttpTransport(
+        server, token, ca_bundle=args.ca_bundle, retry_for=args.retry_for, timeout=timeout
+    )
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Exit 0 when party B answers and accepts the token (the image's health check)."""
     server, token = connection(args)
-    with HttpTransport(
-        server, token, ca_bundle=args.ca_bundle, retry_for=args.retry_for, timeout=10.0
-    ) as t:
+    with _transport(args, server, token, timeout=10.0) as t:
         info = t.psi_info()  # authenticated: a revoked token fails here
     print(json.dumps({"server": server, "ok": True, "party_b_ids": info.size}))
     return 0
@@ -78,13 +87,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_align(args: argparse.Namespace) -> int:
     from party_a.alignment import private_intersection
-    from party_a.client import HttpTransport
     from shared.tables import read_id_table
 
     server, token = connection(args)
     ids = read_id_table(args.features, id_column=args.id_column).ids
     store = open_state(args.state_dir, create=True)
-    transport = HttpTransport(server, token, ca_bundle=args.ca_bundle, retry_for=args.retry_for)
+    transport = _transport(args, server, token)
     try:
         result, cached = private_intersection(
             ids, transport=transport, store=store, server=server.rstrip("/"), force=args.force
@@ -210,8 +218,6 @@ def _run_name(args: argparse.Namespace) -> str:
 
 def cmd_finish(args: argparse.Namespace) -> int:
     """Finish a run this state holds (one trained with --no-finish); needs no feature table."""
-    from party_a.client import HttpTransport
-
     server, token = connection(args)
     server = server.strip().rstrip("/")
     name = _run_name(args)
@@ -220,9 +226,7 @@ def cmd_finish(args: argparse.Namespace) -> int:
         local = store.find_run(server, name)
         if local is None:
             raise run_not_found(RunNotFound(name, server), store, args.state_dir)
-        with HttpTransport(
-            server, token, ca_bundle=args.ca_bundle, retry_for=args.retry_for
-        ) as transport:
+        with _transport(args, server, token) as transport:
             remote = transport.finish(local.remote_id)
         store.update_run(local.id, status="finished")
     finally:
@@ -244,14 +248,10 @@ def _local_run(args: argparse.Namespace, store: "LocalStore") -> tuple[str, "Loc
 
 def cmd_show(args: argparse.Namespace) -> int:
     """A run as party B and party A see it: status, step, checkpoints, sizes (JSON)."""
-    from party_a.client import HttpTransport
-
     store = open_state(args.state_dir, create=False)
     try:
         server, local = _local_run(args, store)
-        with HttpTransport(
-            server, connection(args)[1], ca_bundle=args.ca_bundle, retry_for=args.retry_for
-        ) as transport:
+        with _transport(args, server, connection(args)[1]) as transport:
             remote = transport.get_run(local.remote_id)
         shown = {
             "party_b": json.loads(remote.model_dump_json(exclude={"alignment_key"})),
@@ -269,15 +269,12 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     """Delete a run at party B (frees its quota; gone already is fine) and in party A's state."""
-    from party_a.client import HttpTransport
     from party_a.errors import NotFound
 
     store = open_state(args.state_dir, create=False)
     try:
         server, local = _local_run(args, store)
-        with HttpTransport(
-            server, connection(args)[1], ca_bundle=args.ca_bundle, retry_for=args.retry_for
-        ) as transport:
+        with _transport(args, server, connection(args)[1]) as transport:
             try:
                 transport.delete_run(local.remote_id)
             except NotFound:
