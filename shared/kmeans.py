@@ -172,6 +172,22 @@ def _random_init(points: np.ndarray, num_centroids: int, rng: np.random.Generato
     return np.take_along_axis(points, idx[:, :, None], axis=1)
 
 
+def _lloyd(
+    train: np.ndarray, coarse: np.ndarray | None, centroids: np.ndarray, iterations: int
+) -> tuple[np.ndarray, int]:
+    """Lloyd's iterations on ``train`` (G, N, s) from ``centroids`` (G, L, s, updated in
+    place), the first ``iterations - 4`` on ``coarse`` when given. Returns the labels (G, N)
+    of every training point and the updates run."""
+    ran = 0
+    if coarse is not None:
+        _, ran = kmeans_lloyd.lloyd_groups(
+            coarse, _transposed(coarse), centroids, iterations - _REFINE_ITERATIONS
+        )
+        iterations = _REFINE_ITERATIONS
+    labels, refined = kmeans_lloyd.lloyd_groups(train, _transposed(train), centroids, iterations)
+    return labels, ran + refined
+
+
 def _coarse_points(
     train: np.ndarray,
     num_centroids: int,
@@ -273,14 +289,7 @@ def batched_kmeans(
         centroids = _random_init(train, num_centroids, rng)
     centroids = np.ascontiguousarray(centroids, dtype=np.float32)
     coarse = _coarse_points(train, num_centroids, iterations, coarse_fraction, rng)
-    ran = 0
-    if coarse is not None:
-        _, ran = kmeans_lloyd.lloyd_groups(
-            coarse, _transposed(coarse), centroids, iterations - _REFINE_ITERATIONS
-        )
-        iterations = _REFINE_ITERATIONS
-    labels, refined = kmeans_lloyd.lloyd_groups(train, _transposed(train), centroids, iterations)
-    ran += refined
+    labels, ran = _lloyd(train, coarse, centroids, iterations)
     if train is not data:
         labels = kmeans_kernels.assign_groups(data, centroids)
     return KMeansResult(
