@@ -17,9 +17,11 @@ Each in-flight step's gradient is taken at the weights that forwarded it (weight
 ``BottomTrainer.request(stash=True)``) and applied, in step order, to the live weights: the
 PipeDream rule, so an answer that arrives after K-1 other updates is still a true gradient.
 
-Party B still applies steps strictly in order, each exactly once: a request that overtakes its
-predecessor on the way (separate connections) gets 409 step-out-of-order and changes nothing;
-party A resends it once the predecessor's answer is in (``TrainSummary.resent``). Any other
+Party B still applies steps strictly in order, each exactly once. A request that overtakes its
+predecessor on the way (separate connections) is held by party B until the predecessor's
+request is answered (a few seconds at most, docs/PROTOCOL.md section 11), so resends are rare;
+one still ahead after that gets 409 step-out-of-order and changes nothing, and party A resends
+it once the predecessor's answer is in (``TrainSummary.resent``). Any other
 disagreement drains the pipeline and reconciles as before (``PartyATrainer._reconcile``); an
 answer lost on the way after its successor was applied is such a case (party B keeps only
 the last answer), so after a reconciliation requests go one at a time until the next

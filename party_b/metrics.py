@@ -33,7 +33,8 @@ class Metrics:
         )
         self.steps = Counter(
             "fedlite_b_steps",
-            "training steps by outcome (applied, replayed, rejected)",
+            "training steps by outcome (applied, replayed, rejected; held: waited for the step "
+            "before it, and counted again by how it ended)",
             ["outcome"],
             registry=self.registry,
         )

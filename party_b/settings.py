@@ -88,6 +88,13 @@ class Settings(BaseSettings):
     checkpoints_kept: int = Field(default=3, ge=2, description="checkpoints kept per run")
     torch_threads: int | None = Field(default=None, ge=1)
     worker_threads: int = Field(default=8, ge=1, description="concurrent torch requests")
+    step_hold_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        le=60,
+        description="longest wait of a training step that overtook its predecessor before it "
+        "is refused (default 5, party_b/service/turns.py says why; 0: refuse it at once)",
+    )
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -46,6 +46,7 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
         metrics=metrics,
         checkpoints_kept=settings.checkpoints_kept,
         privacy=settings.privacy_policy(),
+        step_hold=settings.step_hold_seconds,
     )
     log.info("label privacy of new runs: %s", service.privacy.describe())
     service.recover()  # logs, per training run, the step it resumes from

@@ -7,6 +7,7 @@
     runs.py       Runs: create (quota, idempotency), list, show, finish, logs, recovery
     alignment.py  Alignment: PSI and aligning a run on the intersection
     steps.py      Steps: exactly-once training steps, each a transaction; resume
+    turns.py      Turns: a step that overtook its predecessor waits for it (event loop)
     wire.py       request bodies to z~ (decode, dequantize); downlink.py: gradients back
     serving.py    Serving: evaluate and predict
     views.py      RunOut / AlignmentOut
@@ -17,6 +18,7 @@ calls the same front without HTTP.
 """
 
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,6 +34,7 @@ from party_b.service.runs import Runs
 from party_b.service.serving import Serving
 from party_b.service.state import Caller
 from party_b.service.steps import Steps
+from party_b.service.turns import HOLD_SECONDS, Offload, Turns
 from party_b.service.wire import decode_limits
 from party_b.settings import Limits
 
@@ -51,8 +54,11 @@ class RunService:
         checkpoints_kept: int = 3,
         aligner: Aligner | None = None,
         privacy: PrivacyPolicy | None = None,
+        step_hold: float | None = None,
     ) -> None:
-        """``privacy``: the label-privacy policy every new run gets (default: off)."""
+        """``privacy``: the label-privacy policy every new run gets (default: off);
+        ``step_hold``: the longest wait in seconds of a step that overtook its predecessor
+        (default ``turns.HOLD_SECONDS``, 0: refuse it at once)."""
         privacy = privacy or PrivacyPolicy()
         privacy.check_labels(labels.task, labels.num_outputs)
         self.privacy = privacy
@@ -87,6 +93,7 @@ class RunService:
             decode_limits=limits_of_bodies,
             checkpoints_kept=checkpoints_kept,
         )
+        self.turns = Turns(cache, metrics, HOLD_SECONDS if step_hold is None else step_hold)
         self.serving = Serving(
             sessions=sessions,
             labels=labels,
@@ -135,6 +142,13 @@ class RunService:
     # training
     def step(self, caller: Caller, run_id: str, body: bytes) -> bytes:
         return self.steps.step(caller, run_id, body)
+
+    def step_turn(
+        self, caller: Caller, run_id: str, body: bytes, offload: Offload
+    ) -> AbstractAsyncContextManager[None]:
+        """Around a step request, on the event loop: a step that overtook its predecessor
+        waits for it there (turns.py); ``step`` then runs in a worker thread inside it."""
+        return self.turns.turn(caller, run_id, body, offload)
 
     def resume(self, caller: Caller, run_id: str, from_step: int) -> RunOut:
         return self.steps.resume(caller, run_id, from_step)

@@ -59,6 +59,14 @@ class RunCache:
         with self._lock:
             return self._get(run_id)
 
+    def peek_owned(self, caller: Caller, run_id: str) -> RunState | None:
+        """The state if it is in memory and the caller's, else None: no load, no database, so
+        it may be called from the event loop. Another token's run is None like a missing one,
+        and the caller then takes the path every request takes (``owned``: 404)."""
+        with self._lock:
+            state = self._get(run_id)
+        return state if state is not None and state.owner_id == caller.token_id else None
+
     def retire(self, run_id: str, state: RunState) -> None:
         """Move a run that finished to the few finished runs kept in memory."""
         with self._lock:

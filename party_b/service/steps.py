@@ -3,9 +3,11 @@
 Party B keeps, per run, the last applied step t, the SHA-256 of its request body and its
 response bytes. A request for step t again (party A retrying after a lost response) gets the
 identical stored bytes back, without a second update; any other step than t+1 gets 409
-``step-out-of-order`` naming the expected step. Every ``checkpoint_interval`` steps the top
-model, optimizer state and that step's request hash and response are written in one
-transaction *before* the response leaves, and the newest few checkpoints are kept. After a
+``step-out-of-order`` naming the expected step (over HTTP a step that overtook its
+predecessor first waits for it, on the event loop: ``turns.py``). Every
+``checkpoint_interval`` steps the top model, optimizer state and that step's request hash and
+response are written in one transaction *before* the response leaves, and the newest few
+checkpoints are kept. After a
 crash party B restarts from its newest checkpoint c; party A, which keeps matching
 checkpoints, either resends step c (answered from the stored response) or rolls both parties
 back to a common checkpoint with ``resume``.

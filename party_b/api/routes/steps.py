@@ -36,7 +36,9 @@ RUN = (*AUTHENTICATED, P.NOT_FOUND)
 )
 async def step(request: Request, run_id: str, who: CallerDep, service: ServiceDep) -> Response:
     body = await request.body()
-    return msgpack(await in_thread(request, service.step, who, run_id, body))
+    # a step that overtook its predecessor waits here, not in one of the few worker threads
+    async with service.step_turn(who, run_id, body, lambda load: in_thread(request, load)):
+        return msgpack(await in_thread(request, service.step, who, run_id, body))
 
 
 @router.get(
@@ -70,4 +72,6 @@ async def step_log(
 async def resume(
     request: Request, run_id: str, body: ResumeIn, who: CallerDep, service: ServiceDep
 ) -> RunOut:
-    return await in_thread(request, service.resume, who, run_id, body.from_step)
+    run = await in_thread(request, service.resume, who, run_id, body.from_step)
+    service.turns.moved(who, run_id)  # steps held for the old step go their way
+    return run

@@ -1,0 +1,164 @@
+"""A step that overtook its predecessor waits its turn, on the event loop (docs/PROTOCOL.md 11).
+
+Party A keeps up to K <= 16 steps in flight, each on its own connection, so step s can reach
+party B before step s-1. Party B applies steps strictly in order (``steps.py``), and refusing
+such a step with 409 ``step-out-of-order`` costs party A a resend one round trip later: over a
+40 ms link at K = 4 that was most steps of a run, and most of what pipelining gains. So a step
+s with a + 1 < s <= a + ``MAX_AHEAD`` (a = the last applied step) waits, at most ``hold``
+seconds, until the request of a step before it has its answer, and then goes the normal way,
+which still decides everything (applied, replayed, 409, ...). A step that is still ahead when
+the hold runs out gets today's 409, and so does one whose predecessor's request was refused.
+
+The wait must not take one of the few worker threads (``worker_threads``) that steps run in:
+held steps sitting there could starve the very predecessor they wait for. So it happens on the
+event loop, before the step is handed to a thread, and reads only what is cheap and local:
+``s`` from the head of the body (``peek_step``; anything unusual is not held and meets the
+normal path's 400), and the applied step of the caller's run in memory
+(``RunCache.peek_owned``, never the database). A run not in memory yet (its first steps, or
+the first after a restart) is loaded first in a worker thread, as the step itself would load
+it, with the same 404 for another token's run as for a missing one; the wait starts after.
+Every step request, once answered, wakes the held steps of its run, which look again; so does
+a resume. ``Turns`` is used from the event loop thread only: no locks.
+"""
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from functools import partial
+
+import msgpack
+
+from api_schemas.runs import MAX_STEP
+from party_b.metrics import Metrics
+from party_b.service.cache import RunCache
+from party_b.service.state import Caller, RunState
+from shared.wire.envelope import WIRE_VERSION, MessageType
+
+__all__ = ["HOLD_SECONDS", "MAX_AHEAD", "Offload", "Turns", "peek_step"]
+
+# Party A's largest pipeline_depth (party_a/config.py): a step further ahead cannot have been
+# sent beside its predecessor, so it is refused at once.
+MAX_AHEAD = 16
+
+# Long enough for a predecessor that left party A a moment earlier on another connection (a
+# WAN's jitter, a TLS handshake, a wait for a worker thread behind other runs' steps), short
+# enough that a predecessor that never comes delays party A's usual 409 path by a few seconds
+# only, far below its request timeout (120 s, party_a/client.py).
+HOLD_SECONDS = 5.0
+
+# runs a blocking call in a worker thread (the API's ``in_thread``)
+Offload = Callable[[Callable[[], RunState]], Awaitable[RunState]]
+
+_HEAD_BYTES = 64  # v, t and s of a StepRequest as party A packs them take under 40 bytes
+
+
+def peek_step(body: bytes) -> int | None:
+    """The step ``s`` of a StepRequest body from its first bytes, or None unless they hold a
+    map that starts with exactly ``v`` (this wire version), ``t`` (``step_req``) and ``s``,
+    in any order (``shared.wire.envelope.pack`` puts them first). No allocation beyond the
+    head; the full decode and its 400 stay with the normal path."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True)
+    unpacker.feed(body[:_HEAD_BYTES])
+    head: dict[object, object] = {}
+    try:
+        for _ in range(min(unpacker.read_map_header(), 3)):
+            key = unpacker.unpack()
+            if key not in ("v", "t", "s") or key in head:
+                return None
+            head[key] = unpacker.unpack()
+    except (msgpack.UnpackException, ValueError):
+        return None  # not msgpack, not a map, or cut off within the head
+    step = head.get("s")
+    if head.get("v") != WIRE_VERSION or head.get("t") != MessageType.STEP_REQUEST.value:
+        return None
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
+        return None
+    return step
+
+
+@dataclass(eq=False)  # each one is itself, whatever its fields
+class _Held:
+    step: int
+    owner_id: int  # only the run's owner wakes it
+    woken: "asyncio.Future[bool]" = field(repr=False)  # True: the predecessor was answered
+
+
+class Turns:
+    """Held steps per run; ``turn`` around each step request of the HTTP API."""
+
+    def __init__(self, cache: RunCache, metrics: Metrics, hold: float = HOLD_SECONDS) -> None:
+        """``hold``: the longest wait of one step in seconds (0: never hold)."""
+        self._cache = cache
+        self._metrics = metrics
+        self.hold = hold
+        self._held: dict[str, list[_Held]] = {}  # run id -> its held steps
+
+    @asynccontextmanager
+    async def turn(
+        self, caller: Caller, run_id: str, body: bytes, offload: Offload
+    ) -> AsyncIterator[None]:
+        """Wait until the step in ``body`` may be tried (or the hold runs out); after the
+        block, whatever its outcome, wake the run's held steps. A run not in memory is loaded
+        first, through ``offload`` (a worker thread, left before the wait)."""
+        step = peek_step(body)
+        try:
+            if step is not None and step > 1:  # steps 0 and 1 are never ahead
+                await self._wait(caller, run_id, step, offload)
+            yield
+        finally:
+            self._wake(caller, run_id, answered=step)
+
+    def moved(self, caller: Caller, run_id: str) -> None:
+        """The caller's run changed its applied step outside a step (a resume): release its
+        held steps."""
+        self._wake(caller, run_id, answered=None, release=True)
+
+    async def _wait(self, caller: Caller, run_id: str, step: int, offload: Offload) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.hold
+        held = False
+        state = self._cache.peek_owned(caller, run_id)
+        if state is None and self.hold > 0:
+            # a run's first steps (or the first after a restart): the step would load it
+            # anyway, with the same 404 or 409 if the caller may not step it
+            state = await offload(partial(self._cache.owned, caller, run_id))
+        while True:
+            ahead = step - state.step if state is not None and not state.finished else 0
+            if not 1 < ahead <= MAX_AHEAD:
+                return
+            remaining = deadline - loop.time()
+            # at most as many held as party A can have in flight: a client that sends more
+            # (each with its body in memory) gets its 409s at once
+            if remaining <= 0 or len(self._held.get(run_id, ())) >= MAX_AHEAD:
+                return
+            if not held:
+                held = True
+                self._metrics.steps.labels("held").inc()
+            entry = _Held(step, caller.token_id, loop.create_future())
+            self._held.setdefault(run_id, []).append(entry)
+            try:
+                if await asyncio.wait_for(entry.woken, remaining):
+                    return
+            except TimeoutError:
+                return
+            finally:
+                self._forget(run_id, entry)
+            state = self._cache.peek_owned(caller, run_id)
+
+    def _wake(
+        self, caller: Caller, run_id: str, *, answered: int | None, release: bool = False
+    ) -> None:
+        """Wake the run's held steps (if ``caller`` owns the run): each looks at the run again,
+        and one whose predecessor ``answered`` (applied or refused), or every one when
+        ``release``, goes its way."""
+        for entry in self._held.get(run_id, ()):
+            if entry.owner_id == caller.token_id and not entry.woken.done():
+                entry.woken.set_result(release or entry.step - 1 == answered)
+
+    def _forget(self, run_id: str, entry: _Held) -> None:
+        entries = self._held.get(run_id, [])
+        if entry in entries:
+            entries.remove(entry)
+        if not entries:
+            self._held.pop(run_id, None)

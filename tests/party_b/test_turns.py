@@ -1,0 +1,250 @@
+"""A step that overtook its predecessor waits its turn instead of being refused (turns.py).
+
+Real uvicorn over real HTTP, each request on its own connection as party A's pipeline sends
+them, with ONE worker thread: a held step that sat in the worker pool would starve the
+predecessor it waits for, so these tests would hang (until the hold ran out) and fail.
+"""
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import msgpack
+import numpy as np
+import pytest
+from fastapi import FastAPI
+
+from party_b.api import create_app
+from party_b.service.turns import MAX_AHEAD, peek_step
+from party_b.settings import Settings
+from shared import codec
+from tests.utils.live import live_server
+from tests.utils.small_runs import (
+    MSGPACK,
+    OTHER,
+    TOKEN,
+    SmallRun,
+    aligned_run,
+    labels_csv,
+    problem,
+)
+
+LONG = 60.0  # a hold no test waits out: what is refused "at once" is refused before it
+
+
+@contextmanager
+def _party_b(tmp_path: Path, hold: float) -> Iterator[tuple[FastAPI, str]]:
+    settings = Settings(
+        data_dir=tmp_path / "b",
+        labels=labels_csv(tmp_path / "labels.csv"),
+        tokens=f"tester:{TOKEN},other:{OTHER}",
+        worker_threads=1,
+        step_hold_seconds=hold,
+    )
+    app = create_app(settings)
+    with live_server(app) as url:
+        yield app, url
+
+
+def _client(url: str, token: str = TOKEN) -> httpx.Client:
+    """A client of its own: one connection per request in flight, as party A's senders."""
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
+
+
+def _post_step(url: str, run: SmallRun, step: int, token: str = TOKEN) -> httpx.Response:
+    with _client(url, token) as client:
+        return client.post(f"/v1/runs/{run.id}/steps", content=run.step_body(step), headers=MSGPACK)
+
+
+def _held(app: FastAPI) -> float:
+    value = app.state.metrics.registry.get_sample_value(
+        "fedlite_b_steps_total", {"outcome": "held"}
+    )
+    return float(value or 0.0)
+
+
+class _InFlight:
+    """A request sent from a thread of its own; ``answer()`` waits for its response."""
+
+    def __init__(self, send: Callable[[], httpx.Response]) -> None:
+        self._answer: list[httpx.Response] = []
+        self._thread = threading.Thread(target=lambda: self._answer.append(send()))
+        self._thread.start()
+
+    @property
+    def answered(self) -> bool:
+        return not self._thread.is_alive()
+
+    def answer(self, within: float = 120) -> httpx.Response:
+        self._thread.join(timeout=within)
+        assert self._answer, f"no answer within {within} s"
+        return self._answer[0]
+
+
+def _until_held(app: FastAPI, count: float) -> None:
+    """Wait (polling, no fixed sleep) until party B has held ``count`` steps."""
+    deadline = time.monotonic() + 30
+    while _held(app) < count:
+        assert time.monotonic() < deadline, "the step was never held"
+        time.sleep(0.01)
+
+
+def test_step_two_before_step_one_is_held_and_both_are_answered_as_if_sent_in_order(
+    tmp_path: Path,
+) -> None:
+    with _party_b(tmp_path, hold=LONG) as (app, url), _client(url) as client:
+        # Prepare: the answers of a run that sends its steps in order
+        reference = aligned_run(client)
+        expected = [_post_step(url, reference, t) for t in (1, 2, 3)]
+        assert [a.status_code for a in expected] == [200, 200, 200]
+        run = aligned_run(client)
+
+        # Act: step 2 first; once party B holds it, step 1 on another connection; then step 3
+        second = _InFlight(lambda: _post_step(url, run, 2))
+        _until_held(app, 1)
+        assert not second.answered
+        first = _post_step(url, run, 1)
+        answers = [first, second.answer(), _post_step(url, run, 3)]
+
+        # Assert: all applied, in order, each once, byte for byte as the in-order run
+        assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+        assert [a.content for a in answers] == [a.content for a in expected]
+        shown = client.get(f"/v1/runs/{run.id}").json()
+        assert shown["step"] == 3
+        assert (
+            shown["model_sha256"] == client.get(f"/v1/runs/{reference.id}").json()["model_sha256"]
+        )
+        log = client.get(f"/v1/runs/{run.id}/steps").json()["steps"]
+        assert [row["step"] for row in log] == [1, 2, 3]
+        assert _held(app) == 1
+
+
+def test_a_step_whose_predecessor_does_not_come_within_the_hold_is_refused_as_before(
+    tmp_path: Path,
+) -> None:
+    with _party_b(tmp_path, hold=0.2) as (app, url), _client(url) as client:
+        run = aligned_run(client)
+
+        # Act: step 2 alone, then the step furthest ahead that is held, and one beyond it
+        alone = _post_step(url, run, 2)
+        furthest = _post_step(url, run, MAX_AHEAD)
+        beyond = _post_step(url, run, MAX_AHEAD + 1)
+
+        # Assert: today's 409 for each, after a hold for the first two only; nothing applied
+        for answer, step in ((alone, 2), (furthest, MAX_AHEAD), (beyond, MAX_AHEAD + 1)):
+            body = problem(answer, 409, "step-out-of-order")
+            assert body["expected_step"] == 1 and body["applied_step"] == 0, step
+        assert _held(app) == 2
+        assert client.get(f"/v1/runs/{run.id}").json()["step"] == 0
+        assert _post_step(url, run, 1).status_code == 200
+
+
+def test_a_step_more_than_the_deepest_pipeline_ahead_is_refused_at_once(tmp_path: Path) -> None:
+    with _party_b(tmp_path, hold=LONG) as (app, url), _client(url) as client:
+        run = aligned_run(client)
+        assert _post_step(url, run, 1).status_code == 200
+
+        answer = _post_step(url, run, 1 + MAX_AHEAD + 1)  # 17 ahead of the applied step
+
+        body = problem(answer, 409, "step-out-of-order")
+        assert body["expected_step"] == 2 and body["applied_step"] == 1
+        assert _held(app) == 0  # refused without waiting for the 60 s hold
+
+
+def test_a_held_step_whose_predecessor_is_refused_is_refused_at_once(tmp_path: Path) -> None:
+    with _party_b(tmp_path, hold=LONG) as (app, url), _client(url) as client:
+        run = aligned_run(client)
+
+        # Act: step 2 waits for step 1, which comes with another batch's digest
+        second = _InFlight(lambda: _post_step(url, run, 2))
+        _until_held(app, 1)
+        wrong = client.post(
+            f"/v1/runs/{run.id}/steps",
+            content=run.step_body(1, digest=b"\x00" * 8),
+            headers=MSGPACK,
+        )
+
+        # Assert: both refused as today, step 2 without waiting out its 60 s hold
+        problem(wrong, 409, "batch-mismatch")
+        body = problem(second.answer(within=LONG / 2), 409, "step-out-of-order")
+        assert body["expected_step"] == 1
+
+
+def test_no_more_steps_of_a_run_are_held_than_party_a_can_have_in_flight(tmp_path: Path) -> None:
+    with _party_b(tmp_path, hold=LONG) as (app, url), _client(url) as client:
+        run = aligned_run(client)
+
+        # Act: step 2 sent MAX_AHEAD times, all held; once more; then step 1
+        held = []
+        for count in range(1, MAX_AHEAD + 1):
+            held.append(_InFlight(lambda: _post_step(url, run, 2)))
+            _until_held(app, count)
+        one_more = _post_step(url, run, 2)
+        first = _post_step(url, run, 1)
+
+        # Assert: the one beyond the cap refused at once; the held ones answered in their turn,
+        # all with step 2's one answer (the first applied it, the others got it replayed)
+        problem(one_more, 409, "step-out-of-order")
+        assert first.status_code == 200
+        answers = [h.answer() for h in held]
+        assert {a.status_code for a in answers} == {200}
+        assert len({a.content for a in answers}) == 1
+        log = client.get(f"/v1/runs/{run.id}/steps").json()["steps"]
+        assert [row["step"] for row in log] == [1, 2]
+
+
+def _malformed(run: SmallRun) -> dict[str, bytes]:
+    """Bodies whose head is not a StepRequest's ``v``, ``t``, ``s``: never held."""
+    good = msgpack.unpackb(run.step_body(2))
+    return {
+        "not msgpack": b"\xc1" + run.step_body(2),
+        "not a map": msgpack.packb([1, "step_req", 2]),
+        "an evaluate request": msgpack.packb({**good, "t": "eval_req"}),
+        "another wire version": msgpack.packb({**good, "v": 2}),
+        "a step that is a string": msgpack.packb({**good, "s": "2"}),
+        "cut off in the head": run.step_body(2)[:12],
+    }
+
+
+def test_a_malformed_body_or_another_tokens_run_is_not_held(tmp_path: Path) -> None:
+    with _party_b(tmp_path, hold=LONG) as (app, url), _client(url) as client:
+        run = aligned_run(client)
+
+        # Act + Assert: today's 400 at once, for each malformed body
+        for what, body in _malformed(run).items():
+            answer = client.post(f"/v1/runs/{run.id}/steps", content=body, headers=MSGPACK)
+            problem(answer, 400, "malformed-message")
+            assert _held(app) == 0, what
+
+        # another token's run: 404 at once, as for a run that does not exist
+        problem(_post_step(url, run, 2, token=OTHER), 404, "not-found")
+        assert _held(app) == 0
+
+
+def test_a_held_step_of_one_run_does_not_hold_up_another_runs_steps(tmp_path: Path) -> None:
+    with _party_b(tmp_path, hold=LONG) as (app, url), _client(url) as client:
+        held_run, other_run = aligned_run(client), aligned_run(client)
+
+        # Act: step 2 of one run waits for its step 1; the other run trains meanwhile, on the
+        # one worker thread party B has
+        second = _InFlight(lambda: _post_step(url, held_run, 2))
+        _until_held(app, 1)
+        others = [_post_step(url, other_run, t) for t in (1, 2, 3)]
+        still_held = not second.answered
+        first = _post_step(url, held_run, 1)
+
+        # Assert
+        assert [a.status_code for a in others] == [200, 200, 200]
+        assert still_held
+        assert first.status_code == 200 and second.answer().status_code == 200
+        assert client.get(f"/v1/runs/{held_run.id}").json()["step"] == 2
+
+
+@pytest.mark.parametrize("step", [0, 1, 2**63 - 1])
+def test_the_step_is_read_from_the_head_of_a_real_request(step: int) -> None:
+    chunk = codec.RawActivations(np.zeros((1, 2), dtype=np.float32))
+    request = codec.StepRequest(step=step, batch_digest=b"\x00" * 8, chunks=(chunk,))
+    assert peek_step(codec.encode_step_request(request)) == step
