@@ -7,7 +7,7 @@ run in one call of a compiled kernel (shared/kmeans_kernels.py), with no Python 
 Behaviour that callers can rely on:
 
 * Deterministic: the same points, L and seed give bit-identical output, on any number of
-  threads (the kernels are sequential; ``threads`` only bounds the few torch ops around them).
+  threads (the kernels are sequential; ``threads`` only scopes the torch conversion around them).
 * Init is greedy k-means++ (Arthur & Vassilvitskii, 2007; as scikit-learn's: the best of
   2 + ln L candidates per centroid) on a seeded random subsample of at most
   max(1024, 16 L) points per group.
@@ -73,16 +73,19 @@ _COARSE_MIN_POINTS = _KMEANSPP_MIN_POINTS
 def intra_op_threads(threads: int | None) -> Iterator[None]:
     """Run the block with torch on ``threads`` intra-op threads (None: leave it as it is).
 
-    k-means at the paper's shapes is hundreds of small calls; with two threads each one opens
-    a parallel region that waits for both, and on a shared 2-core machine the second thread
-    is often descheduled: the next-token k-means took 1-8 s on two threads against 0.2-0.3 s
-    on one (docs/PERFORMANCE.md).
+    When k-means ran in torch, it was hundreds of small calls, and on a shared 2-core machine
+    each one's parallel region waited for a descheduled second thread (the next-token k-means
+    took 1-8 s on two threads against 0.2-0.3 s on one), so clustering pinned itself to one
+    thread. The kernels are now sequential numba code and only the conversion of the points
+    runs in torch, while the switch itself is costly: with the process on two threads,
+    ``torch.set_num_threads`` there and back made a FEMNIST L = 2 quantization 1.46 ms
+    instead of 0.76 on a quiet machine (benchmarks/results/quantizer.json) and 7.9 ms instead
+    of 1.1 under load 4. So the default is None, and the setting is kept for callers who want
+    the conversion pinned.
 
     Why save and restore per call, with no shared counter: torch's OpenMP backend keeps the
-    setting per OS thread (``omp_set_num_threads``), so every thread that clusters must set
-    it for itself, or a second concurrent caller would cluster on the process default and
-    could get other bits. The setting also becomes the default of threads started while the
-    block runs; that is a speed effect only.
+    setting per OS thread (``omp_set_num_threads``), so a second concurrent caller must set it
+    for itself. The setting also becomes the default of threads started while the block runs.
     """
     if threads is None:
         yield
@@ -244,7 +247,7 @@ def batched_kmeans(
     init: InitMethod = "kmeans++",
     max_points_per_centroid: int | None = None,
     initial_centroids: Tensor | None = None,
-    threads: int | None = 1,
+    threads: int | None = None,
     coarse_fraction: float | None = None,
 ) -> KMeansResult:
     """Cluster every group of ``points`` into ``num_centroids`` centroids.

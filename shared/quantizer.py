@@ -43,7 +43,10 @@ class PQConfig:
     # coarse to fine: all but the last 4 iterations on a seeded random half of the training
     # points where that keeps max(1024, 16 L) per group (shared/kmeans.py); None: plain Lloyd
     coarse_fraction: float | None = 0.5
-    threads: int | None = 1  # torch threads while clustering (None: the process's setting)
+    # torch threads while clustering; None (default): the process's setting. The kernels are
+    # sequential numba code, so this only scopes the conversion of the points, and switching
+    # torch's thread count costs more than it saves (shared/kmeans.py, intra_op_threads)
+    threads: int | None = None
 
     def validate(self, d: int) -> None:
         """Raise ValueError with a precise message if this config cannot quantize width d."""
