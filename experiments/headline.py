@@ -124,12 +124,13 @@ def _at(record: dict[str, Any], step: int) -> float | None:
 
 def lambda_column() -> None:
     """Accuracy at step 1,000 of q = 1152, L = 2 for every lambda that ran, seed 0, against
-    SplitFed seed 0 at the same step. The grid's runs stop at 1,000 steps; the headline runs
-    (2,000 steps, same configuration otherwise) give their step-1,000 evaluation, which is the
-    same model: nothing in a run depends on its total length."""
+    SplitFed seed 0 at the same step. The grid's own runs (1,000 steps) come first: they ran
+    with one code version; where the grid has none, the headline runs (2,000 steps, same
+    configuration otherwise) give their step-1,000 evaluation, which is that run on their
+    version: nothing in a run depends on its total length."""
     headline = _records(SWEEP)
     grid = _records("femnist") if (RESULTS / "femnist").exists() else []
-    seed0 = [r for r in headline + grid if r["config"]["seed"] == 0]
+    seed0 = [r for r in grid + headline if r["config"]["seed"] == 0]
     base = next(
         (a for r in seed0 if r["config"]["method"] == "splitfed" and (a := _at(r, LAMBDA_STEP))),
         None,
