@@ -7,7 +7,8 @@ run in one call of a compiled kernel (shared/kmeans_kernels.py), with no Python 
 Behaviour that callers can rely on:
 
 * Deterministic: the same points, L and seed give bit-identical output, on any number of
-  threads (the kernels are sequential; ``threads`` only scopes the torch conversion around them).
+  threads: with several, each assignment pass is split into ranges of points that run at
+  once, and the centroid sums are still updated in point order (shared/kmeans_threads.py).
 * Init is greedy k-means++ (Arthur & Vassilvitskii, 2007; as scikit-learn's: the best of
   2 + ln L candidates per centroid) on a seeded random subsample of at most
   max(1024, 16 L) points per group.
@@ -28,8 +29,6 @@ points' scores ||c||^2 - 2 c.p against every centroid, keeps the running minimum
 only the points whose label changed between float64 centroid sums.
 """
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -37,9 +36,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from shared import kmeans_kernels, kmeans_lloyd, kmeans_seeding
+from shared import kmeans_kernels, kmeans_lloyd, kmeans_seeding, kmeans_threads
 
-__all__ = ["KMeansResult", "assign", "batched_kmeans", "intra_op_threads", "squared_distances"]
+__all__ = ["KMeansResult", "assign", "batched_kmeans", "squared_distances"]
 
 InitMethod = Literal["kmeans++", "random"]
 
@@ -67,37 +66,6 @@ _REFINE_ITERATIONS = 4
 # ...and only when the coarse fraction still has as many points per group as k-means++
 # seeds on, so that it can place every centroid.
 _COARSE_MIN_POINTS = _KMEANSPP_MIN_POINTS
-
-
-@contextmanager
-def intra_op_threads(threads: int | None) -> Iterator[None]:
-    """Run the block with torch on ``threads`` intra-op threads (None: leave it as it is).
-
-    When k-means ran in torch, it was hundreds of small calls, and on a shared 2-core machine
-    each one's parallel region waited for a descheduled second thread (the next-token k-means
-    took 1-8 s on two threads against 0.2-0.3 s on one), so clustering pinned itself to one
-    thread. The kernels are now sequential numba code and only the conversion of the points
-    runs in torch, while the switch itself is costly: with the process on two threads,
-    ``torch.set_num_threads`` there and back made a FEMNIST L = 2 quantization 1.46 ms
-    instead of 0.76 on a quiet machine (benchmarks/results/quantizer.json) and 7.9 ms instead
-    of 1.1 under load 4. So the default is None, and the setting is kept for callers who want
-    the conversion pinned.
-
-    Why save and restore per call, with no shared counter: torch's OpenMP backend keeps the
-    setting per OS thread (``omp_set_num_threads``), so a second concurrent caller must set it
-    for itself. The setting also becomes the default of threads started while the block runs.
-    """
-    if threads is None:
-        yield
-        return
-    saved = torch.get_num_threads()
-    if saved != threads:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != saved:
-            torch.set_num_threads(saved)
 
 
 @dataclass(frozen=True)
@@ -176,19 +144,34 @@ def _random_init(points: np.ndarray, num_centroids: int, rng: np.random.Generato
 
 
 def _lloyd(
-    train: np.ndarray, coarse: np.ndarray | None, centroids: np.ndarray, iterations: int
+    train: np.ndarray,
+    coarse: np.ndarray | None,
+    centroids: np.ndarray,
+    iterations: int,
+    threads: int,
 ) -> tuple[np.ndarray, int]:
     """Lloyd's iterations on ``train`` (G, N, s) from ``centroids`` (G, L, s, updated in
     place), the first ``iterations - 4`` on ``coarse`` when given. Returns the labels (G, N)
     of every training point and the updates run."""
     ran = 0
     if coarse is not None:
-        _, ran = kmeans_lloyd.lloyd_groups(
-            coarse, _transposed(coarse), centroids, iterations - _REFINE_ITERATIONS
-        )
+        _, ran = _lloyd_on(coarse, centroids, iterations - _REFINE_ITERATIONS, threads)
         iterations = _REFINE_ITERATIONS
-    labels, refined = kmeans_lloyd.lloyd_groups(train, _transposed(train), centroids, iterations)
+    labels, refined = _lloyd_on(train, centroids, iterations, threads)
     return labels, ran + refined
+
+
+def _lloyd_on(
+    points: np.ndarray, centroids: np.ndarray, iterations: int, threads: int
+) -> tuple[np.ndarray, int]:
+    """Lloyd's iterations on ``threads`` threads where a pass has the work to pay for them,
+    on one otherwise: the same bits either way (shared/kmeans_threads.py)."""
+    g, n, s = points.shape
+    if kmeans_threads.worth_threads(n, centroids.shape[1], s, threads):
+        return kmeans_threads.lloyd_groups_threaded(
+            points, _transposed(points), centroids, iterations, threads
+        )
+    return kmeans_lloyd.lloyd_groups(points, _transposed(points), centroids, iterations)
 
 
 def _coarse_points(
@@ -264,8 +247,9 @@ def batched_kmeans(
             above 256 L); the final assignment always covers all N points.
         initial_centroids: optional (G, L, s) start instead of ``init`` (a warm start, and
             the hook the oracle tests use to compare against a reference implementation).
-        threads: torch intra-op threads while clustering (see :func:`intra_op_threads`);
-            None leaves the process's setting alone. The output does not depend on it.
+        threads: threads an assignment pass may run on (None: torch's intra-op setting,
+            ``torch.get_num_threads()``); one below about 2 M multiply-adds a pass. The
+            output does not depend on it.
         coarse_fraction: in (0, 1), or None for plain Lloyd: run all but the last 4
             iterations on a seeded random subset of this fraction of the training points,
             when it keeps at least max(1024, 16 L) points per group (see
@@ -276,8 +260,8 @@ def batched_kmeans(
     """
     _validate(points, num_centroids, iterations, init, initial_centroids, coarse_fraction)
     g, n, s = points.shape
-    with intra_op_threads(threads):  # the kernels are sequential: only the conversion threads
-        data = _as_points(points)
+    data = _as_points(points)
+    workers = torch.get_num_threads() if threads is None else threads
     rng = np.random.default_rng(seed)
     train = data
     if max_points_per_centroid is not None:
@@ -292,7 +276,7 @@ def batched_kmeans(
         centroids = _random_init(train, num_centroids, rng)
     centroids = np.ascontiguousarray(centroids, dtype=np.float32)
     coarse = _coarse_points(train, num_centroids, iterations, coarse_fraction, rng)
-    labels, ran = _lloyd(train, coarse, centroids, iterations)
+    labels, ran = _lloyd(train, coarse, centroids, iterations, workers)
     if train is not data:
         labels = kmeans_kernels.assign_groups(data, centroids)
     return KMeansResult(

@@ -43,9 +43,8 @@ class PQConfig:
     # coarse to fine: all but the last 4 iterations on a seeded random half of the training
     # points where that keeps max(1024, 16 L) per group (shared/kmeans.py); None: plain Lloyd
     coarse_fraction: float | None = 0.5
-    # torch threads while clustering; None (default): the process's setting. The kernels are
-    # sequential numba code, so this only scopes the conversion of the points, and switching
-    # torch's thread count costs more than it saves (shared/kmeans.py, intra_op_threads)
+    # threads one k-means assignment pass may run on; None (default): torch's intra-op setting.
+    # The bytes do not depend on it (shared/kmeans_threads.py)
     threads: int | None = None
 
     def validate(self, d: int) -> None:

@@ -1,12 +1,10 @@
 """The grouped product quantizer against numpy and faiss oracles and the paper's trends."""
 
-import threading
-
 import numpy as np
 import pytest
 import torch
 
-from shared.kmeans import assign, batched_kmeans, intra_op_threads
+from shared.kmeans import assign, batched_kmeans
 from shared.quantizer import GroupedProductQuantizer, PQCode, PQConfig, relative_error
 from tests.utils.activations import femnist_activations
 from tests.utils.reference_kmeans import lloyd
@@ -315,49 +313,12 @@ def test_bad_batches_are_refused() -> None:
         quantizer.encode(torch.zeros(0, 8), seed=0)
 
 
-def test_clustering_runs_on_one_thread_and_restores_the_callers_setting() -> None:
+def test_clustering_leaves_torchs_thread_setting_alone() -> None:
     before = torch.get_num_threads()
-
-    with intra_op_threads(1):
-        inside = torch.get_num_threads()
-        with intra_op_threads(1):
-            pass
-        still_inside = torch.get_num_threads()
-    GroupedProductQuantizer(9216, PQConfig(q=1152, L=2)).encode(femnist_activations(2), seed=0)
-
-    assert (inside, still_inside) == (1, 1)
-    assert torch.get_num_threads() == before
-
-
-def test_concurrent_callers_each_cluster_on_the_thread_count_asked_for() -> None:
-    """torch keeps the setting per OS thread: a second thread entering while the first is
-    inside must set it for itself, and each restores its own."""
-    first_inside, second_entered, first_done = (threading.Event() for _ in range(3))
-    seen: dict[str, int] = {}
-
-    def first() -> None:
-        with intra_op_threads(1):
-            seen["first"] = torch.get_num_threads()
-            first_inside.set()
-            second_entered.wait(10)
-        first_done.set()
-
-    def second() -> None:
-        torch.set_num_threads(2)
-        first_inside.wait(10)
-        with intra_op_threads(1):
-            seen["second"] = torch.get_num_threads()
-            second_entered.set()
-            first_done.wait(10)
-        seen["second_after"] = torch.get_num_threads()
-
-    threads = [threading.Thread(target=first), threading.Thread(target=second)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
-
-    assert seen == {"first": 1, "second": 1, "second_after": 2}
+    for threads in (1, 2, None):
+        config = PQConfig(q=288, L=16, threads=threads)
+        GroupedProductQuantizer(9216, config).encode(femnist_activations(20), seed=0)
+        assert torch.get_num_threads() == before
 
 
 def test_threads_none_leaves_the_process_setting_alone() -> None:
