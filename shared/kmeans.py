@@ -25,8 +25,9 @@ Behaviour that callers can rely on:
   reconstruction of that group is exact.
 
 Where the time goes (docs/PERFORMANCE.md): one fused pass per iteration computes each block of
-points' scores ||c||^2 - 2 c.p against every centroid, keeps the running minimum, and moves
-only the points whose label changed between float64 centroid sums.
+points' scores ||c||^2 - 2 c.p against every centroid and keeps the running minimum (on
+several threads when the pass is large, shared/kmeans_threads.py); then only the points whose
+label changed move between float64 centroid sums.
 """
 
 from dataclasses import dataclass
@@ -247,9 +248,8 @@ def batched_kmeans(
             above 256 L); the final assignment always covers all N points.
         initial_centroids: optional (G, L, s) start instead of ``init`` (a warm start, and
             the hook the oracle tests use to compare against a reference implementation).
-        threads: threads an assignment pass may run on (None: torch's intra-op setting,
-            ``torch.get_num_threads()``); one below about 2 M multiply-adds a pass. The
-            output does not depend on it.
+        threads: threads an assignment pass may use (None: ``torch.get_num_threads()``;
+            one below ~2 M multiply-adds a pass). The output does not depend on it.
         coarse_fraction: in (0, 1), or None for plain Lloyd: run all but the last 4
             iterations on a seeded random subset of this fraction of the training points,
             when it keeps at least max(1024, 16 L) points per group (see

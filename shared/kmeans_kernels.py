@@ -1,18 +1,18 @@
-"""Compiled (numba) kernels of shared/kmeans.py: the fused assignment + centroid sums.
+"""Compiled (numba) kernels of shared/kmeans.py: the fused assignment.
 
-The Lloyd loop over it is shared/kmeans_lloyd.py; subsampling and k-means++ seeding are
-shared/kmeans_seeding.py (both reuse the helpers and compile settings here).
+The Lloyd loop over it, and the centroid sums, are shared/kmeans_lloyd.py (its threaded
+variant shared/kmeans_threads.py); subsampling and k-means++ seeding are
+shared/kmeans_seeding.py (all reuse the helpers and compile settings here).
 
 Why compiled: at the paper's shapes k-means is memory passes and per-call overhead, not
 arithmetic (docs/PERFORMANCE.md). Here one pass over a block of points computes the scores
-of every centroid, keeps the running minimum and its index, and moves the points whose label
-changed between the centroid sums: no (N, L) score matrix, no separate argmin or index_add_
-pass, no per-call overhead per group (all R groups run in one call).
+of every centroid and keeps the running minimum and its index: no (N, L) score matrix, no
+separate argmin pass, no per-call overhead per group (all R groups run in one call).
 
 Determinism: every kernel is sequential (no parallel loops; no fastmath reassociation but for
 the k-means++ potential, shared/kmeans_seeding.py), so its output depends on its input only,
 never on the thread count. Floats are summed in a fixed order; the centroid sums are
-float64, updated incrementally by the points that changed label.
+float64, updated incrementally, in point order, by the points that changed label.
 
 Compile cost: ``cache=True`` keeps the compiled code on disk (numba's __pycache__ beside this
 file, or NUMBA_CACHE_DIR; when neither is writable, a per-user directory under the temporary
@@ -281,54 +281,6 @@ def _prepare(centroids: np.ndarray, scaled: np.ndarray, c_sq: np.ndarray) -> Non
             total += centroids[c, k] * centroids[c, k]
             scaled[c, k] = _MINUS_TWO * centroids[c, k]
         c_sq[c] = total
-
-
-@_jit
-def _assign_group(
-    points: np.ndarray,
-    pt: np.ndarray,
-    centroids: np.ndarray,
-    labels: np.ndarray,
-    sums: np.ndarray,
-    counts: np.ndarray,
-    track: bool,
-) -> int:
-    """Assign every point of one group; with ``track``, move changed points between the sums.
-
-    points (n, s), pt (s, n) float32; centroids (L, s) float32; labels (n,) int64 in/out
-    (-1: not yet assigned); sums (L, s) float64, counts (L,) int64. Returns how many labels
-    changed.
-    """
-    n, s = points.shape
-    num = centroids.shape[0]
-    c_sq = np.empty(num, dtype=np.float32)
-    scaled = np.empty((num, s), dtype=np.float32)
-    _prepare(centroids, scaled, c_sq)
-    block = max(8, min(_BLOCK, _BLOCK_FLOATS // s // 8 * 8))
-    acc = np.empty((4, block), dtype=np.float32)
-    best = np.empty(block, dtype=np.float32)
-    spare = np.empty(block, dtype=np.float32)
-    label = np.empty(block, dtype=np.int32)
-    changed = 0
-    for start in range(0, n, block):
-        m = min(block, n - start)
-        _assign_block(pt, start, m, scaled, c_sq, acc, best, spare, label)
-        for i in range(m):
-            new = label[i]
-            old = labels[start + i]
-            if new == old:
-                continue
-            changed += 1
-            labels[start + i] = new
-            if track:  # explicit loops: a slice expression here allocates per point
-                counts[new] += 1
-                for k in range(s):
-                    sums[new, k] += points[start + i, k]
-                if old >= 0:
-                    counts[old] -= 1
-                    for k in range(s):
-                        sums[old, k] -= points[start + i, k]
-    return changed
 
 
 @_jit

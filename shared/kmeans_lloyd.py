@@ -11,7 +11,6 @@ from shared.kmeans_kernels import (
     _BLOCK,
     _BLOCK_FLOATS,
     _assign_block,
-    _assign_group,
     _jit,
     _prepare,
 )
@@ -20,12 +19,77 @@ __all__ = ["apply_labels", "assign_range", "lloyd_groups", "update_centroids"]
 
 
 @_jit
-def _update(centroids: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> None:
+def update_centroids(centroids: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> None:
     """Every centroid (L, s) with points becomes their mean; an empty one stays."""
     for c in range(centroids.shape[0]):
         if counts[c] > 0:
             for k in range(centroids.shape[1]):
                 centroids[c, k] = np.float32(sums[c, k] / counts[c])
+
+
+# The two halves of an assignment pass: labels for a range of points (shared/kmeans_threads.py
+# runs several ranges at once, nogil), then the sums moved in point order (one thread).
+
+
+@_jit
+def assign_range(
+    pt: np.ndarray, centroids: np.ndarray, start: int, stop: int, fresh: np.ndarray
+) -> None:
+    """fresh[start:stop] = the nearest centroid of points start..stop of one group.
+
+    pt (s, n) float32, the group's points transposed; centroids (L, s) float32; fresh (n,)
+    int64. A point's label depends on that point and the centroids only, never on which
+    other points share its block or range, so any split of the points gives the same labels.
+    """
+    s = pt.shape[0]
+    num = centroids.shape[0]
+    c_sq = np.empty(num, dtype=np.float32)
+    scaled = np.empty((num, s), dtype=np.float32)
+    _prepare(centroids, scaled, c_sq)
+    block = max(8, min(_BLOCK, _BLOCK_FLOATS // s // 8 * 8))
+    acc = np.empty((4, block), dtype=np.float32)
+    best = np.empty(block, dtype=np.float32)
+    spare = np.empty(block, dtype=np.float32)
+    label = np.empty(block, dtype=np.int32)
+    for first in range(start, stop, block):
+        m = min(block, stop - first)
+        _assign_block(pt, first, m, scaled, c_sq, acc, best, spare, label)
+        for i in range(m):
+            fresh[first + i] = label[i]
+
+
+@_jit
+def apply_labels(
+    points: np.ndarray,
+    labels: np.ndarray,
+    fresh: np.ndarray,
+    sums: np.ndarray,
+    counts: np.ndarray,
+) -> int:
+    """labels = fresh, moving every point whose label changed between the float64 sums, in
+    point order: however the labels were split across threads, the sums see the same
+    additions in the same order.
+
+    points (n, s) float32; labels, fresh (n,) int64 (labels -1: not yet assigned); sums
+    (L, s) float64, counts (L,) int64. Returns how many labels changed.
+    """
+    n, s = points.shape
+    changed = 0
+    for i in range(n):
+        new = fresh[i]
+        old = labels[i]
+        if new == old:
+            continue
+        changed += 1
+        labels[i] = new
+        counts[new] += 1
+        for k in range(s):
+            sums[new, k] += points[i, k]
+        if old >= 0:
+            counts[old] -= 1
+            for k in range(s):
+                sums[old, k] -= points[i, k]
+    return changed
 
 
 @_jit
@@ -48,15 +112,14 @@ def lloyd_step(
     int64, the running sums of each cluster's points; active (G,) bool in/out.
     """
     still = 0
+    fresh = np.empty(points.shape[1], dtype=np.int64)
     for group in range(points.shape[0]):
         if not active[group]:
             continue
         if update:
-            _update(centroids[group], sums[group], counts[group])
-        changed = _assign_group(
-            points[group], pt[group], centroids[group], labels[group], sums[group],
-            counts[group], True,
-        )  # fmt: skip
+            update_centroids(centroids[group], sums[group], counts[group])
+        assign_range(pt[group], centroids[group], 0, points.shape[1], fresh)
+        changed = apply_labels(points[group], labels[group], fresh, sums[group], counts[group])
         if update and changed == 0:
             active[group] = False
         else:
@@ -91,76 +154,3 @@ def lloyd_groups(
     if ran < iterations:
         ran += 1  # the update that found the labels settled counts, as before
     return labels, ran
-
-
-# ------------------------------------------------------------------ the pieces of one step, for
-# shared/kmeans_threads.py: the assignment of a range of points (run on several threads at
-# once, nogil) and the update of the sums in point order (one thread), which together give the
-# bits of ``lloyd_step``.
-
-
-@_jit
-def update_centroids(centroids: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> None:
-    """Every centroid (L, s) with points becomes their mean; an empty one stays."""
-    _update(centroids, sums, counts)
-
-
-@_jit
-def assign_range(
-    pt: np.ndarray, centroids: np.ndarray, start: int, stop: int, fresh: np.ndarray
-) -> None:
-    """fresh[start:stop] = the nearest centroid of points start..stop of one group.
-
-    pt (s, n) float32, the group's points transposed; centroids (L, s) float32; fresh (n,)
-    int64. A point's label depends on that point and the centroids only, never on which
-    other points share its block or range, so any split of the points gives the labels of
-    ``_assign_group``.
-    """
-    s = pt.shape[0]
-    num = centroids.shape[0]
-    c_sq = np.empty(num, dtype=np.float32)
-    scaled = np.empty((num, s), dtype=np.float32)
-    _prepare(centroids, scaled, c_sq)
-    block = max(8, min(_BLOCK, _BLOCK_FLOATS // s // 8 * 8))
-    acc = np.empty((4, block), dtype=np.float32)
-    best = np.empty(block, dtype=np.float32)
-    spare = np.empty(block, dtype=np.float32)
-    label = np.empty(block, dtype=np.int32)
-    for first in range(start, stop, block):
-        m = min(block, stop - first)
-        _assign_block(pt, first, m, scaled, c_sq, acc, best, spare, label)
-        for i in range(m):
-            fresh[first + i] = label[i]
-
-
-@_jit
-def apply_labels(
-    points: np.ndarray,
-    labels: np.ndarray,
-    fresh: np.ndarray,
-    sums: np.ndarray,
-    counts: np.ndarray,
-) -> int:
-    """labels = fresh, moving every point whose label changed between the float64 sums, in
-    point order (the order ``_assign_group`` moves them in: the same sums to the bit).
-
-    points (n, s) float32; labels, fresh (n,) int64 (labels -1: not yet assigned); sums
-    (L, s) float64, counts (L,) int64. Returns how many labels changed.
-    """
-    n, s = points.shape
-    changed = 0
-    for i in range(n):
-        new = fresh[i]
-        old = labels[i]
-        if new == old:
-            continue
-        changed += 1
-        labels[i] = new
-        counts[new] += 1
-        for k in range(s):
-            sums[new, k] += points[i, k]
-        if old >= 0:
-            counts[old] -= 1
-            for k in range(s):
-                sums[old, k] -= points[i, k]
-    return changed
