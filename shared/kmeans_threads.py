@@ -28,10 +28,11 @@ from shared import kmeans_lloyd
 __all__ = ["PARALLEL_MIN_WORK", "lloyd_groups_threaded", "worth_threads"]
 
 # Multiply-adds of one assignment pass of one group (N L s) below which threads cost more than
-# they save: a hand-off to the pool and back is ~20-50 us here, a whole pass at FEMNIST's L = 2
-# (4,096 points x 2 x 8) ~15 us. L = 16 (5,760 x 16 x 32 = 2.9 M) is the smallest paper shape
-# above it.
-PARALLEL_MIN_WORK = 1 << 21
+# they save. Each iteration hands ranges to the pool and back and calls three kernels from
+# Python (~0.1 ms a round trip with the unboxing): measured on a quiet machine with two threads,
+# FEMNIST L = 16 (2.9 M a pass) took 3.55 ms against 2.64 on one thread, L = 32 (5.9 M) 4.41
+# against 4.07, next-token L = 240 (88 M) 27.6 against 45.1.
+PARALLEL_MIN_WORK = 1 << 24
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()

@@ -48,19 +48,28 @@ def test_every_split_gives_the_one_thread_bits(
 
 
 def test_concurrent_callers_get_what_each_gets_alone() -> None:
-    """Party B clusters in several worker threads at once; they share the pool."""
-    z = femnist_activations(batch=20)
-    quantizer = GroupedProductQuantizer(9216, PQConfig(q=144, L=32, threads=2))
-    alone = [quantizer.encode(z, seed=seed) for seed in range(6)]
-    with ThreadPoolExecutor(6) as callers:
-        together = list(callers.map(lambda seed: quantizer.encode(z, seed=seed), range(6)))
+    """Party B clusters in several worker threads at once; they share the pool. 20,000 points
+    of 8 dimensions and 128 centroids: 20 M multiply-adds a pass, on two threads."""
+    assert kmeans_threads.worth_threads(20_000, 128, 8, threads=2)
+    points = torch.from_numpy(_points(1152)[:, :20_000].copy())
+
+    def cluster(seed: int) -> kmeans.KMeansResult:
+        return kmeans.batched_kmeans(points, 128, iterations=4, seed=seed, threads=2)
+
+    alone = [cluster(seed) for seed in range(4)]
+    with ThreadPoolExecutor(4) as callers:
+        together = list(callers.map(cluster, range(4)))
+    one_thread = kmeans.batched_kmeans(points, 128, iterations=4, seed=0, threads=1)
     for a, b in zip(alone, together, strict=True):
-        assert torch.equal(a.codebook, b.codebook) and torch.equal(a.codewords, b.codewords)
+        assert torch.equal(a.centroids, b.centroids)
+        assert torch.equal(a.assignments, b.assignments)
+    assert torch.equal(alone[0].centroids, one_thread.centroids)
 
 
 def test_small_passes_stay_on_one_thread() -> None:
-    """Below ~2 M multiply-adds a pass, handing ranges to threads costs more than it saves."""
+    """Below ~17 M multiply-adds a pass, handing ranges to threads costs more than it saves."""
     assert not kmeans_threads.worth_threads(4096, 2, 8, threads=2)  # FEMNIST L = 2
-    assert kmeans_threads.worth_threads(5760, 16, 32, threads=2)  # FEMNIST L = 16
-    assert not kmeans_threads.worth_threads(5760, 16, 32, threads=1)
-    assert not kmeans_threads.worth_threads(600, 240, 64, threads=2)  # too few points to split
+    assert not kmeans_threads.worth_threads(2880, 32, 64, threads=2)  # FEMNIST L = 32
+    assert kmeans_threads.worth_threads(46_080, 240, 8, threads=2)  # next-token L = 240
+    assert not kmeans_threads.worth_threads(46_080, 240, 8, threads=1)
+    assert not kmeans_threads.worth_threads(600, 2400, 64, threads=2)  # too few points to split
