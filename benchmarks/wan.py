@@ -168,6 +168,7 @@ def _task_runs(
 ) -> list[dict[str, Any]]:
     from experiments.runner import EXPERIMENT_LIMITS
     from experiments.tasks import TASK_ENV
+    from party_b.service.turns import HOLD_SECONDS
 
     env = {
         **os.environ,
@@ -175,6 +176,8 @@ def _task_runs(
         TASK_ENV: json.dumps({"task": task, "options": TASKS[task]["options"]}),
         "FEDLITE_B_LIMIT_MAX_BATCH": str(EXPERIMENT_LIMITS.max_batch),
         "FEDLITE_B_LIMIT_MAX_ALIGNED_IDS": str(EXPERIMENT_LIMITS.max_aligned_ids),
+        # the hold of steps that overtake their predecessor (off by default, docs/DEPLOY.md)
+        "FEDLITE_B_STEP_HOLD_SECONDS": str(HOLD_SECONDS),
     }
     serve = _python(
         "party_b.cli", "serve", "--host", link.addr_b, "--port", str(PORT_B),

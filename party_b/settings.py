@@ -93,7 +93,8 @@ class Settings(BaseSettings):
         ge=0,
         le=60,
         description="longest wait of a training step that overtook its predecessor before it "
-        "is refused (default 5, party_b/service/turns.py says why; 0: refuse it at once)",
+        "is refused (default: 0, refuse it at once; 5 for party A pipelining over a WAN, "
+        "party_b/service/turns.py says why)",
     )
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
