@@ -9,8 +9,8 @@ the changed points between the centroid sums on one thread, in point order.
 Why the output is the same on any number of threads: a point's label depends on that point and
 the centroids only (``assign_range``), so any split gives the labels of the sequential pass;
 and the float64 sums see the same additions in the same order (``apply_labels``), so the
-centroids of the next iteration are the same to the bit. The tests compare the bytes of one,
-two and no thread setting in fresh processes.
+centroids of the next iteration are the same to the bit. tests/test_kmeans_threads.py
+compares every split with the one-thread loop, bit for bit, and callers on several threads.
 
 Why a Python thread pool and not numba's parallel loops: numba's default threading layer
 (workqueue) must not be entered from two threads at once, and party B clusters in several
@@ -96,7 +96,7 @@ def _assign(
 ) -> None:
     """fresh = the nearest centroid of every point of one group: the first range on this
     thread, the others on the pool at the same time."""
-    pool = _shared_pool(len(bounds) - 1)
+    pool = _shared_pool()
     started: list[Future[None]] = [
         pool.submit(kmeans_lloyd.assign_range, pt, centroids, a, b, fresh) for a, b in bounds[1:]
     ]
@@ -107,9 +107,9 @@ def _assign(
             future.result()  # waits, and raises what the range raised
 
 
-def _shared_pool(workers: int) -> ThreadPoolExecutor:
-    """One pool for the process, as wide as the machine (threads start only when needed);
-    ``workers`` above that share it."""
+def _shared_pool() -> ThreadPoolExecutor:
+    """One pool for the process, as wide as the machine (threads start only when needed); more
+    ranges than that queue."""
     global _pool
     with _pool_lock:
         if _pool is None:
