@@ -94,6 +94,12 @@ class Turns:
         self._metrics = metrics
         self.hold = hold
         self._held: dict[str, list[_Held]] = {}  # run id -> its held steps
+        # run id -> the steps held once and not yet applied: a step is held once only. A
+        # client whose timeout is shorter than the hold resends a held step before the hold
+        # ends; holding every resend would keep it from ever seeing the 409 that tells it
+        # party B is behind (a restart, a lost predecessor), and it would time out for good:
+        # the flaky-network test's K = 2 run, 1 s timeout against a 5 s hold, did.
+        self._once: dict[str, set[int]] = {}
 
     @asynccontextmanager
     async def turn(
@@ -103,19 +109,26 @@ class Turns:
         block, whatever its outcome, wake the run's held steps. A run not in memory is loaded
         first, through ``offload`` (a worker thread, left before the wait)."""
         step = peek_step(body)
+        repeat = False
         try:
             if step is not None and step > 1:  # steps 0 and 1 are never ahead
-                await self._wait(caller, run_id, step, offload)
+                repeat = await self._wait(caller, run_id, step, offload)
             yield
         finally:
-            self._wake(caller, run_id, answered=step)
+            # a resend of a held step is refused at once, which says nothing of its
+            # predecessor: its successors only look again
+            self._wake(caller, run_id, answered=None if repeat else step)
 
     def moved(self, caller: Caller, run_id: str) -> None:
         """The caller's run changed its applied step outside a step (a resume): release its
-        held steps."""
+        held steps; the steps after the new one may be held again."""
         self._wake(caller, run_id, answered=None, release=True)
+        if self._cache.peek_owned(caller, run_id) is not None:
+            self._once.pop(run_id, None)
 
-    async def _wait(self, caller: Caller, run_id: str, step: int, offload: Offload) -> None:
+    async def _wait(self, caller: Caller, run_id: str, step: int, offload: Offload) -> bool:
+        """Hold the step while it is ahead, for at most ``hold`` seconds; True when it is not
+        held because it was held before (a resend)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.hold
         held = False
@@ -127,22 +140,24 @@ class Turns:
         while True:
             ahead = step - state.step if state is not None and not state.finished else 0
             if not 1 < ahead <= MAX_AHEAD:
-                return
+                return False
             remaining = deadline - loop.time()
             # at most as many held as party A can have in flight: a client that sends more
             # (each with its body in memory) gets its 409s at once
             if remaining <= 0 or len(self._held.get(run_id, ())) >= MAX_AHEAD:
-                return
+                return False
             if not held:
+                if not self._first_hold(run_id, step, applied=step - ahead):
+                    return True  # held before: a resend gets its answer (409) at once
                 held = True
                 self._metrics.steps.labels("held").inc()
             entry = _Held(step, caller.token_id, loop.create_future())
             self._held.setdefault(run_id, []).append(entry)
             try:
                 if await asyncio.wait_for(entry.woken, remaining):
-                    return
+                    return False
             except TimeoutError:
-                return
+                return False
             finally:
                 self._forget(run_id, entry)
             state = self._cache.peek_owned(caller, run_id)
@@ -156,6 +171,16 @@ class Turns:
         for entry in self._held.get(run_id, ()):
             if entry.owner_id == caller.token_id and not entry.woken.done():
                 entry.woken.set_result(release or entry.step - 1 == answered)
+
+    def _first_hold(self, run_id: str, step: int, *, applied: int) -> bool:
+        """Whether ``step`` of the run may be held: not if it was held before and the run has
+        not applied it since (nor rolled back). Records it as held."""
+        once = self._once.setdefault(run_id, set())
+        once.difference_update([s for s in once if s <= applied])  # applied: forget them
+        if step in once:
+            return False
+        once.add(step)
+        return True
 
     def _forget(self, run_id: str, entry: _Held) -> None:
         entries = self._held.get(run_id, [])

@@ -173,27 +173,24 @@ def test_a_held_step_whose_predecessor_is_refused_is_refused_at_once(tmp_path: P
         assert body["expected_step"] == 1
 
 
-def test_no_more_steps_of_a_run_are_held_than_party_a_can_have_in_flight(tmp_path: Path) -> None:
+def test_every_step_party_a_can_have_in_flight_is_held_once(tmp_path: Path) -> None:
     with _party_b(tmp_path, hold=LONG) as (app, url), _client(url) as client:
         run = aligned_run(client)
 
-        # Act: step 2 sent MAX_AHEAD times, all held; once more; then step 1
+        # Act: steps 2 .. MAX_AHEAD (all that can be ahead of step 1) held; step 2 again; step 1
         held = []
-        for count in range(1, MAX_AHEAD + 1):
-            held.append(_InFlight(lambda: _post_step(url, run, 2)))
+        for count, step in enumerate(range(2, MAX_AHEAD + 1), start=1):
+            held.append(_InFlight(lambda step=step: _post_step(url, run, step)))  # type: ignore[misc]
             _until_held(app, count)
-        one_more = _post_step(url, run, 2)
+        again = _post_step(url, run, 2)
         first = _post_step(url, run, 1)
 
-        # Assert: the one beyond the cap refused at once; the held ones answered in their turn,
-        # all with step 2's one answer (the first applied it, the others got it replayed)
-        problem(one_more, 409, "step-out-of-order")
+        # Assert: the resend refused at once; the held ones applied in their turn, in order
+        problem(again, 409, "step-out-of-order")
         assert first.status_code == 200
-        answers = [h.answer() for h in held]
-        assert {a.status_code for a in answers} == {200}
-        assert len({a.content for a in answers}) == 1
+        assert {h.answer().status_code for h in held} == {200}
         log = client.get(f"/v1/runs/{run.id}/steps").json()["steps"]
-        assert [row["step"] for row in log] == [1, 2]
+        assert [row["step"] for row in log] == list(range(1, MAX_AHEAD + 1))
 
 
 def _malformed(run: SmallRun) -> dict[str, bytes]:
@@ -248,3 +245,23 @@ def test_the_step_is_read_from_the_head_of_a_real_request(step: int) -> None:
     chunk = codec.RawActivations(np.zeros((1, 2), dtype=np.float32))
     request = codec.StepRequest(step=step, batch_digest=b"\x00" * 8, chunks=(chunk,))
     assert peek_step(codec.encode_step_request(request)) == step
+
+
+def test_a_resent_held_step_is_refused_at_once(
+    tmp_path: Path,
+) -> None:
+    """A step is held once: a client whose timeout is shorter than the hold resends it, and
+    holding every resend would keep the 409 (party B is behind) from it for good."""
+    with _party_b(tmp_path, hold=LONG) as (app, url), _client(url) as client:
+        run = aligned_run(client)
+        assert _post_step(url, run, 1).status_code == 200
+
+        first = _InFlight(lambda: _post_step(url, run, 3))  # held: step 2 is missing
+        _until_held(app, 1)
+        resent = _post_step(url, run, 3)  # the same step again, while the first is held
+
+        assert problem(resent, 409, "step-out-of-order")["expected_step"] == 2
+        assert _held(app) == 1 and not first.answered
+        assert _post_step(url, run, 2).status_code == 200  # releases the first: applied
+        assert first.answer().status_code == 200
+        assert client.get(f"/v1/runs/{run.id}").json()["step"] == 3
