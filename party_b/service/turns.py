@@ -7,7 +7,9 @@ such a step with 409 ``step-out-of-order`` costs party A a resend one round trip
 s with a + 1 < s <= a + ``MAX_AHEAD`` (a = the last applied step) waits, at most ``hold``
 seconds, until the request of a step before it has its answer, and then goes the normal way,
 which still decides everything (applied, replayed, 409, ...). A step that is still ahead when
-the hold runs out gets today's 409, and so does one whose predecessor's request was refused.
+the hold runs out gets today's 409, and so does one whose predecessor's request was refused. A
+step is held once: a resend of a step held before (and not applied since) gets its answer at
+once, so that a client whose timeout is shorter than the hold still sees the 409.
 
 The wait must not take one of the few worker threads (``worker_threads``) that steps run in:
 held steps sitting there could starve the very predecessor they wait for. So it happens on the
