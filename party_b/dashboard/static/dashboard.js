@@ -16,9 +16,11 @@ async function api(path) {
     headers: { Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` },
     cache: "no-store",
   });
-  if (response.status === 401) throw new Refused("the server refused that credential");
   if (!response.ok) {
+    // Read the problem body before the page reacts: a refusal leads to the sign-in form, and a
+    // body still loading when the user (or a test) navigates on would be torn off mid-transfer.
     const problem = await response.json().catch(() => ({}));
+    if (response.status === 401) throw new Refused("the server refused that credential");
     throw new Error(problem.detail || `HTTP ${response.status}`);
   }
   return response.json();
