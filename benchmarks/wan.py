@@ -176,7 +176,7 @@ def _task_runs(
         TASK_ENV: json.dumps({"task": task, "options": TASKS[task]["options"]}),
         "FEDLITE_B_LIMIT_MAX_BATCH": str(EXPERIMENT_LIMITS.max_batch),
         "FEDLITE_B_LIMIT_MAX_ALIGNED_IDS": str(EXPERIMENT_LIMITS.max_aligned_ids),
-        # the hold of steps that overtake their predecessor (off by default, docs/DEPLOY.md)
+        # the hold of steps that overtake their predecessor (the default, named to be sure)
         "FEDLITE_B_STEP_HOLD_SECONDS": str(HOLD_SECONDS),
     }
     serve = _python(

@@ -18,9 +18,9 @@ Each in-flight step's gradient is taken at the weights that forwarded it (weight
 PipeDream rule, so an answer that arrives after K-1 other updates is still a true gradient.
 
 Party B still applies steps strictly in order, each exactly once. A request that overtakes its
-predecessor on the way (separate connections) is held by a party B that has the hold on
-(``FEDLITE_B_STEP_HOLD_SECONDS``, docs/PROTOCOL.md section 11) until the predecessor's request
-is answered, so resends are rare there; without the hold, or still ahead after it, it gets
+predecessor on the way (separate connections) is held by party B (for at most
+``FEDLITE_B_STEP_HOLD_SECONDS``, docs/PROTOCOL.md section 11) until the predecessor's request
+is answered, so resends are rare; with the hold off, or still ahead after it, it gets
 409 step-out-of-order and changes nothing, and party A resends
 it once the predecessor's answer is in (``TrainSummary.resent``). Any other
 disagreement drains the pipeline and reconciles as before (``PartyATrainer._reconcile``); an

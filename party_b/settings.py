@@ -89,12 +89,11 @@ class Settings(BaseSettings):
     torch_threads: int | None = Field(default=None, ge=1)
     worker_threads: int = Field(default=8, ge=1, description="concurrent torch requests")
     step_hold_seconds: float | None = Field(
-        default=None,
+        default=5.0,
         ge=0,
         le=60,
         description="longest wait of a training step that overtook its predecessor before it "
-        "is refused (default: 0, refuse it at once; 5 for party A pipelining over a WAN, "
-        "party_b/service/turns.py says why)",
+        "is refused (default 5; 0 refuses it at once, party_b/service/turns.py says why)",
     )
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None

@@ -34,7 +34,7 @@ from party_b.service.runs import Runs
 from party_b.service.serving import Serving
 from party_b.service.state import Caller
 from party_b.service.steps import Steps
-from party_b.service.turns import Offload, Turns
+from party_b.service.turns import HOLD_SECONDS, Offload, Turns
 from party_b.service.wire import decode_limits
 from party_b.settings import Limits
 
@@ -58,7 +58,7 @@ class RunService:
     ) -> None:
         """``privacy``: the label-privacy policy every new run gets (default: off);
         ``step_hold``: the longest wait in seconds of a step that overtook its predecessor
-        (default 0: refuse it at once; ``turns.HOLD_SECONDS`` is the value to turn it on with)."""
+        (default ``turns.HOLD_SECONDS``; 0 refuses it at once)."""
         privacy = privacy or PrivacyPolicy()
         privacy.check_labels(labels.task, labels.num_outputs)
         self.privacy = privacy
@@ -93,7 +93,7 @@ class RunService:
             decode_limits=limits_of_bodies,
             checkpoints_kept=checkpoints_kept,
         )
-        self.turns = Turns(cache, metrics, 0.0 if step_hold is None else step_hold)
+        self.turns = Turns(cache, metrics, HOLD_SECONDS if step_hold is None else step_hold)
         self.serving = Serving(
             sessions=sessions,
             labels=labels,

@@ -43,7 +43,7 @@ __all__ = ["HOLD_SECONDS", "MAX_AHEAD", "Offload", "Turns", "peek_step"]
 # sent beside its predecessor, so it is refused at once.
 MAX_AHEAD = 16
 
-# The hold to turn on (FEDLITE_B_STEP_HOLD_SECONDS; off by default, docs/DEPLOY.md says why):
+# The default hold (FEDLITE_B_STEP_HOLD_SECONDS; 0 turns it off):
 # long enough for a predecessor that left party A a moment earlier on another connection (a
 # WAN's jitter, a TLS handshake, a wait for a worker thread behind other runs' steps), short
 # enough that a predecessor that never comes delays party A's usual 409 path by a few seconds

@@ -36,13 +36,15 @@ LONG = 60.0  # a hold no test waits out: what is refused "at once" is refused be
 
 
 @contextmanager
-def _party_b(tmp_path: Path, hold: float) -> Iterator[tuple[FastAPI, str]]:
+def _party_b(tmp_path: Path, hold: float | None) -> Iterator[tuple[FastAPI, str]]:
+    """A party B with one worker thread; ``hold`` None: the setting left at its default."""
+    chosen = {} if hold is None else {"step_hold_seconds": hold}
     settings = Settings(
         data_dir=tmp_path / "b",
         labels=labels_csv(tmp_path / "labels.csv"),
         tokens=f"tester:{TOKEN},other:{OTHER}",
         worker_threads=1,
-        step_hold_seconds=hold,
+        **chosen,
     )
     app = create_app(settings)
     with live_server(app) as url:
@@ -120,6 +122,20 @@ def test_step_two_before_step_one_is_held_and_both_are_answered_as_if_sent_in_or
         log = client.get(f"/v1/runs/{run.id}/steps").json()["steps"]
         assert [row["step"] for row in log] == [1, 2, 3]
         assert _held(app) == 1
+
+
+def test_a_party_b_with_default_settings_holds_a_step_that_overtook_its_predecessor(
+    tmp_path: Path,
+) -> None:
+    with _party_b(tmp_path, hold=None) as (app, url), _client(url) as client:
+        run = aligned_run(client)
+
+        second = _InFlight(lambda: _post_step(url, run, 2))
+        _until_held(app, 1)
+        first = _post_step(url, run, 1)
+
+        assert [first.status_code, second.answer().status_code] == [200, 200]
+        assert client.get(f"/v1/runs/{run.id}").json()["step"] == 2
 
 
 def test_a_step_whose_predecessor_does_not_come_within_the_hold_is_refused_as_before(
