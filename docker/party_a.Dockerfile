@@ -25,6 +25,13 @@ COPY party_b party_b
 RUN PYTHON=python3.11 TORCH_INDEX_URL="$TORCH_INDEX_URL" sh docker/install.sh /opt/venv .
 
 FROM python:3.11-slim-bookworm
+# GNU OpenMP, for numba's thread-safe threading layer: k-means passes on several threads
+# (shared/kmeans_threads.py; without it k-means runs on one thread, same bytes). Unpinned:
+# Debian's security updates replace a pinned version.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
 RUN useradd --system --uid 10001 --user-group --no-create-home fedlite \
     && mkdir -p /data /state \
     && chown fedlite:fedlite /data /state

@@ -249,7 +249,8 @@ def batched_kmeans(
         initial_centroids: optional (G, L, s) start instead of ``init`` (a warm start, and
             the hook the oracle tests use to compare against a reference implementation).
         threads: threads an assignment pass may use (None: ``torch.get_num_threads()``;
-            one below ~17 M multiply-adds a pass). The output does not depend on it.
+            one below ~1 M multiply-adds a pass, or where numba has no thread-safe threading
+            layer: shared/kmeans_threads.py). The output does not depend on it.
         coarse_fraction: in (0, 1), or None for plain Lloyd: run all but the last 4
             iterations on a seeded random subset of this fraction of the training points,
             when it keeps at least max(1024, 16 L) points per group (see

@@ -2,9 +2,10 @@
 
 ``shared.kmeans_lloyd.lloyd_groups`` runs every iteration of every group in one compiled,
 sequential call. With more than one thread (and enough work per pass to pay for the hand-offs)
-``lloyd_groups_threaded`` splits each assignment pass of a group into contiguous ranges of
-points that run at once on a small pool of threads (the kernels release the GIL), then moves
-the changed points between the centroid sums on one thread, in point order.
+``lloyd_groups_threaded`` runs the same loop compiled with numba's parallel loops: each
+assignment pass of a group is split into contiguous ranges of points that run at once on
+numba's threads, then the changed points move between the centroid sums on one thread, in
+point order.
 
 Why the output is the same on any number of threads: a point's label depends on that point and
 the centroids only (``assign_range``), so any split gives the labels of the sequential pass;
@@ -12,30 +13,49 @@ and the float64 sums see the same additions in the same order (``apply_labels``)
 centroids of the next iteration are the same to the bit. tests/test_kmeans_threads.py
 compares every split with the one-thread loop, bit for bit, and callers on several threads.
 
-Why a Python thread pool and not numba's parallel loops: numba's default threading layer
-(workqueue) must not be entered from two threads at once, and party B clusters in several
-worker threads at once; nogil kernels on ordinary threads have no such rule.
+Why numba's parallel loops, and only on a thread-safe threading layer: a pass hands its ranges
+to threads and back in microseconds inside one compiled call, where a Python thread pool took
+~0.1 ms a pass (round trip plus the unboxing of three kernel calls) and paid only from ~17 M
+multiply-adds a pass up (FEMNIST's L = 16 and 32 passes, 2.9 M and 5.9 M, stayed on one
+thread). Party B clusters in several worker threads at once: numba's ``omp`` (GNU OpenMP,
+Debian's libgomp1) and ``tbb`` layers may be entered from several threads, its ``workqueue``
+layer may not (it aborts the process). Where only workqueue loads, k-means stays on one
+thread: the same bits, more slowly.
 """
 
-import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 
+import numba
 import numpy as np
+import torch
 
-from shared import kmeans_lloyd
+from shared.kmeans_lloyd import apply_labels, assign_range, lloyd_groups, update_centroids
 
-__all__ = ["PARALLEL_MIN_WORK", "lloyd_groups_threaded", "worth_threads"]
+__all__ = ["PARALLEL_MIN_WORK", "lloyd_groups_threaded", "parallel_layer", "worth_threads"]
 
 # Multiply-adds of one assignment pass of one group (N L s) below which threads cost more than
-# they save. Each iteration hands ranges to the pool and back and calls three kernels from
-# Python (~0.1 ms a round trip with the unboxing): measured on a quiet machine with two threads,
-# FEMNIST L = 16 (2.9 M a pass) took 3.55 ms against 2.64 on one thread, L = 32 (5.9 M) 4.41
-# against 4.07, next-token L = 240 (88 M) 27.6 against 45.1.
-PARALLEL_MIN_WORK = 1 << 24
+# they save: a parallel pass costs a few microseconds of hand-off, a 1 M pass ~50 us of work.
+# Measured on a quiet machine, two threads against one, Lloyd on FEMNIST activations: L = 16
+# (2.9 M a pass) 1.27-1.32 ms against 1.50-1.95, L = 32 (5.9 M) 2.20-2.47 against 2.66-3.42;
+# L = 2 on 4,096 points (65 k a pass) gained nothing measurable.
+PARALLEL_MIN_WORK = 1 << 20
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+_parallel_jit = numba.njit(
+    cache=True, nogil=True, boundscheck=False, fastmath={"contract"}, parallel=True
+)
+_layer_lock = threading.Lock()
+_layer: str | None = None
+
+
+def parallel_layer() -> str:
+    """The threading layer numba's parallel loops run on here ("omp", "tbb" or "workqueue");
+    loading it starts numba's threads, once per process."""
+    global _layer
+    with _layer_lock:
+        if _layer is None:
+            numba.get_num_threads()  # loads the threading layer (numba's own search order)
+            _layer = str(numba.threading_layer())  # type: ignore[attr-defined]
+        return _layer
 
 
 def worth_threads(n: int, num_centroids: int, s: int, threads: int) -> bool:
@@ -47,71 +67,79 @@ def worth_threads(n: int, num_centroids: int, s: int, threads: int) -> bool:
 def lloyd_groups_threaded(
     points: np.ndarray, pt: np.ndarray, centroids: np.ndarray, iterations: int, threads: int
 ) -> tuple[np.ndarray, int]:
-    """``kmeans_lloyd.lloyd_groups`` with each pass split over ``threads`` threads; the same
-    labels, centroids (updated in place) and iteration count, bit for bit.
+    """``kmeans_lloyd.lloyd_groups`` with each pass split into ``threads`` ranges of points
+    that run on as many threads (at most numba's NUMBA_NUM_THREADS; one where no thread-safe
+    threading layer loads); the same labels, centroids (updated in place) and iteration
+    count, bit for bit.
 
     points (G, n, s), pt (G, s, n) float32; centroids (G, L, s) float32. Returns labels (G, n)
     int64 and the most updates any group ran.
     """
+    workers = min(threads, numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+    torch_threads = torch.get_num_threads()  # read before numba's threads start (see below)
+    if workers < 2 or parallel_layer() == "workqueue":
+        return lloyd_groups(points, pt, centroids, iterations)
+    starts, stops = _ranges(points.shape[1], threads)
+    before = numba.get_num_threads()  # a per-thread setting: put back for other callers' code
+    if workers != before:
+        numba.set_num_threads(workers)
+    try:
+        return _lloyd_in_ranges(points, pt, centroids, iterations, starts, stops)
+    finally:
+        if workers != before:
+            numba.set_num_threads(before)
+        # torch and numba's omp layer share GNU OpenMP, and numba starting its threads can set
+        # the OpenMP thread count that torch reads as its own: the caller's torch setting is
+        # never ours to change (tests/test_quantizer.py)
+        if torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)
+
+
+def _ranges(n: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and stops of ``threads`` contiguous ranges covering 0..n, on 512-point blocks."""
+    step = -(-n // threads // 512) * 512
+    starts = np.arange(0, n, step, dtype=np.int64)
+    return starts, np.minimum(starts + step, n)
+
+
+@_parallel_jit
+def _lloyd_in_ranges(
+    points: np.ndarray,
+    pt: np.ndarray,
+    centroids: np.ndarray,
+    iterations: int,
+    starts: np.ndarray,
+    stops: np.ndarray,
+) -> tuple[np.ndarray, int]:
+    """``kmeans_lloyd.lloyd_groups``, its assignment passes split into the ranges
+    starts[r]..stops[r] that run at once; the same control flow, sweep 0 being the first
+    assignment (no update before it)."""
     g, n, s = points.shape
     num = centroids.shape[1]
     labels = np.full((g, n), -1, dtype=np.int64)
     sums = np.zeros((g, num, s), dtype=np.float64)
     counts = np.zeros((g, num), dtype=np.int64)
-    fresh = np.empty(n, dtype=np.int64)
-    bounds = _ranges(n, threads)
-    for group in range(g):  # the first assignment: every point moves into the sums
-        _assign(pt[group], centroids[group], bounds, fresh)
-        kmeans_lloyd.apply_labels(points[group], labels[group], fresh, sums[group], counts[group])
     active = np.ones(g, dtype=np.bool_)
+    fresh = np.empty(n, dtype=np.int64)
     ran = 0
-    while ran < iterations:
+    for sweep in range(iterations + 1):
         still = 0
-        for group in map(int, np.flatnonzero(active)):
-            kmeans_lloyd.update_centroids(centroids[group], sums[group], counts[group])
-            _assign(pt[group], centroids[group], bounds, fresh)
-            changed = kmeans_lloyd.apply_labels(
-                points[group], labels[group], fresh, sums[group], counts[group]
-            )
-            if changed == 0:
+        for group in range(g):
+            if not active[group]:
+                continue
+            if sweep > 0:
+                update_centroids(centroids[group], sums[group], counts[group])
+            for r in numba.prange(starts.shape[0]):
+                assign_range(pt[group], centroids[group], starts[r], stops[r], fresh)
+            changed = apply_labels(points[group], labels[group], fresh, sums[group], counts[group])
+            if sweep > 0 and changed == 0:
                 active[group] = False
             else:
                 still += 1
-        if still == 0:
-            break
-        ran += 1
+        if sweep > 0:
+            if still == 0:
+                break
+            ran += 1
     if ran < iterations:
         ran += 1  # the update that found the labels settled counts, as lloyd_groups does
     return labels, ran
-
-
-def _ranges(n: int, threads: int) -> list[tuple[int, int]]:
-    """``threads`` contiguous ranges covering 0..n, their bounds on 512-point blocks."""
-    step = -(-n // threads // 512) * 512
-    return [(a, min(a + step, n)) for a in range(0, n, step)]
-
-
-def _assign(
-    pt: np.ndarray, centroids: np.ndarray, bounds: list[tuple[int, int]], fresh: np.ndarray
-) -> None:
-    """fresh = the nearest centroid of every point of one group: the first range on this
-    thread, the others on the pool at the same time."""
-    pool = _shared_pool()
-    started: list[Future[None]] = [
-        pool.submit(kmeans_lloyd.assign_range, pt, centroids, a, b, fresh) for a, b in bounds[1:]
-    ]
-    try:
-        kmeans_lloyd.assign_range(pt, centroids, bounds[0][0], bounds[0][1], fresh)
-    finally:
-        for future in started:
-            future.result()  # waits, and raises what the range raised
-
-
-def _shared_pool() -> ThreadPoolExecutor:
-    """One pool for the process, as wide as the machine (threads start only when needed); more
-    ranges than that queue."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max(1, os.cpu_count() or 1), thread_name_prefix="kmeans")
-        return _pool

@@ -1,6 +1,10 @@
 """Lloyd's iterations on several threads: the bits of the one-thread loop, from any caller."""
 
+import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,6 +13,8 @@ import torch
 from shared import kmeans, kmeans_lloyd, kmeans_threads
 from shared.quantizer import GroupedProductQuantizer, PQConfig
 from tests.utils.activations import femnist_activations
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _points(q: int, r: int = 1) -> np.ndarray:
@@ -48,8 +54,8 @@ def test_every_split_gives_the_one_thread_bits(
 
 
 def test_concurrent_callers_get_what_each_gets_alone() -> None:
-    """Party B clusters in several worker threads at once; they share the pool. 20,000 points
-    of 8 dimensions and 128 centroids: 20 M multiply-adds a pass, on two threads."""
+    """Party B clusters in several worker threads at once, each on numba's threads. 20,000
+    points of 8 dimensions and 128 centroids: 20 M multiply-adds a pass, on two threads."""
     assert kmeans_threads.worth_threads(20_000, 128, 8, threads=2)
     points = torch.from_numpy(_points(1152)[:, :20_000].copy())
 
@@ -66,10 +72,35 @@ def test_concurrent_callers_get_what_each_gets_alone() -> None:
     assert torch.equal(alone[0].centroids, one_thread.centroids)
 
 
-def test_small_passes_stay_on_one_thread() -> None:
-    """Below ~17 M multiply-adds a pass, handing ranges to threads costs more than it saves."""
+def test_passes_of_about_a_million_multiply_adds_and_up_go_to_threads() -> None:
     assert not kmeans_threads.worth_threads(4096, 2, 8, threads=2)  # FEMNIST L = 2
-    assert not kmeans_threads.worth_threads(2880, 32, 64, threads=2)  # FEMNIST L = 32
-    assert kmeans_threads.worth_threads(46_080, 240, 8, threads=2)  # next-token L = 240
-    assert not kmeans_threads.worth_threads(46_080, 240, 8, threads=1)
+    assert kmeans_threads.worth_threads(5760, 16, 32, threads=2)  # FEMNIST L = 16
+    assert kmeans_threads.worth_threads(2880, 32, 64, threads=2)  # FEMNIST L = 32
+    assert not kmeans_threads.worth_threads(2880, 32, 64, threads=1)
     assert not kmeans_threads.worth_threads(600, 2400, 64, threads=2)  # too few points to split
+
+
+def test_without_a_thread_safe_threading_layer_the_loop_stays_on_one_thread() -> None:
+    """numba's workqueue layer aborts when two threads enter it: in a process that has only
+    it, the threaded loop runs the one-thread loop (the same bits)."""
+    script = (
+        "import numpy as np\n"
+        "from shared import kmeans, kmeans_lloyd, kmeans_threads\n"
+        "from tests.test_kmeans_threads import _points\n"
+        "points = _points(144)\n"
+        "rng = np.random.default_rng(4)\n"
+        "start = np.ascontiguousarray(kmeans._kmeanspp_init(points, 32, rng))\n"
+        "pt = kmeans._transposed(points)\n"
+        "alone, split = start.copy(), start.copy()\n"
+        "labels, _ = kmeans_lloyd.lloyd_groups(points, pt, alone, 10)\n"
+        "labels_split, _ = kmeans_threads.lloyd_groups_threaded(points, pt, split, 10, 2)\n"
+        "assert (labels == labels_split).all() and alone.tobytes() == split.tobytes()\n"
+        "print(kmeans_threads.parallel_layer())\n"
+    )
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["workqueue"]
