@@ -248,9 +248,8 @@ def batched_kmeans(
             above 256 L); the final assignment always covers all N points.
         initial_centroids: optional (G, L, s) start instead of ``init`` (a warm start, and
             the hook the oracle tests use to compare against a reference implementation).
-        threads: threads an assignment pass may use (None: ``torch.get_num_threads()``;
-            one below ~1 M multiply-adds a pass, or where numba has no thread-safe threading
-            layer: shared/kmeans_threads.py). The output does not depend on it.
+        threads: threads a pass may use (None: torch's setting; one below ~1 M multiply-adds
+            a pass or without a thread-safe numba layer); the output does not depend on it.
         coarse_fraction: in (0, 1), or None for plain Lloyd: run all but the last 4
             iterations on a seeded random subset of this fraction of the training points,
             when it keeps at least max(1024, 16 L) points per group (see
