@@ -278,7 +278,7 @@ def batched_kmeans(
     coarse = _coarse_points(train, num_centroids, iterations, coarse_fraction, rng)
     labels, ran = _lloyd(train, coarse, centroids, iterations, workers)
     if train is not data:
-        labels = kmeans_kernels.assign_groups(data, centroids)
+        labels = kmeans_threads.assign_groups_threaded(data, centroids, workers)
     return KMeansResult(
         centroids=torch.from_numpy(centroids), assignments=torch.from_numpy(labels), iterations=ran
     )

@@ -46,7 +46,7 @@ from llvmlite import ir  # noqa: E402
 from numba.core import types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-__all__ = ["assign_groups", "transpose_groups"]
+__all__ = ["assign_groups", "assign_points", "block_buffers", "transpose_groups"]
 
 # Points per block of the assignment: the block's transposed points (s x block floats, at
 # most _BLOCK_FLOATS = 128 KiB), its running minima and labels stay in the L2 cache (512 KiB
@@ -315,31 +315,62 @@ def _prepare(centroids: np.ndarray, scaled: np.ndarray, c_sq: np.ndarray) -> Non
 
 
 @_jit
+def block_buffers(s: int) -> tuple[np.ndarray, ...]:
+    """Scratch of :func:`assign_points` for points of s dimensions: (scratch (s, block), acc
+    (4, block), best, spare (block,) float32, label (block,) int32)."""
+    block = max(8, min(_BLOCK, _BLOCK_FLOATS // s // 8 * 8))
+    return (
+        np.empty((s, block), dtype=np.float32),
+        np.empty((4, block), dtype=np.float32),
+        np.empty(block, dtype=np.float32),
+        np.empty(block, dtype=np.float32),
+        np.empty(block, dtype=np.int32),
+    )
+
+
+@_jit
+def assign_points(
+    points: np.ndarray,
+    scaled: np.ndarray,
+    c_sq: np.ndarray,
+    start: int,
+    stop: int,
+    labels: np.ndarray,
+    buffers: tuple[np.ndarray, ...],
+) -> None:
+    """labels[start:stop] = nearest centroid of points start..stop of one group.
+
+    points (n, s) float32 row-major; scaled (L, s) and c_sq (L,) from :func:`_prepare`; labels
+    (n,) int64; buffers from :func:`block_buffers`. Each block of points is transposed into
+    a scratch buffer that stays in cache, rather than the whole array first (one pass over
+    all points: the copy would cost as much as the assignment at L = 2). A point's label
+    depends on that point and the centroids only, so any split into ranges gives the same.
+    """
+    scratch, acc, best, spare, label = buffers
+    s = points.shape[1]
+    block = scratch.shape[1]
+    for first in range(start, stop, block):
+        m = min(block, stop - first)
+        for k in range(s):
+            column, row = points[first : first + m, k], scratch[k]
+            for i in range(m):
+                row[i] = column[i]
+        _assign_block(scratch, 0, m, scaled, c_sq, acc, best, spare, label)
+        for i in range(m):
+            labels[first + i] = label[i]
+
+
+@_jit
 def assign_groups(points: np.ndarray, centroids: np.ndarray) -> np.ndarray:
     """Nearest centroid of every point: points (G, n, s), centroids (G, L, s) float32 ->
-    (G, n) int64. Each block of points is transposed into a scratch buffer that stays in
-    cache, rather than the whole array first (one pass over all points: the copy would
-    cost as much as the assignment at L = 2)."""
+    (G, n) int64 (:func:`assign_points` on every group)."""
     g, n, s = points.shape
     num = centroids.shape[1]
     labels = np.empty((g, n), dtype=np.int64)
-    block = max(8, min(_BLOCK, _BLOCK_FLOATS // s // 8 * 8))
-    scratch = np.empty((s, block), dtype=np.float32)
-    acc = np.empty((4, block), dtype=np.float32)
-    best = np.empty(block, dtype=np.float32)
-    spare = np.empty(block, dtype=np.float32)
-    label = np.empty(block, dtype=np.int32)
     scaled = np.empty((num, s), dtype=np.float32)
     c_sq = np.empty(num, dtype=np.float32)
+    buffers = block_buffers(s)
     for group in range(g):
         _prepare(centroids[group], scaled, c_sq)
-        for start in range(0, n, block):
-            m = min(block, n - start)
-            for k in range(s):
-                column, row = points[group, start : start + m, k], scratch[k]
-                for i in range(m):
-                    row[i] = column[i]
-            _assign_block(scratch, 0, m, scaled, c_sq, acc, best, spare, label)
-            for i in range(m):
-                labels[group, start + i] = label[i]
+        assign_points(points[group], scaled, c_sq, 0, n, labels[group], buffers)
     return labels

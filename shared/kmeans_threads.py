@@ -24,14 +24,24 @@ thread: the same bits, more slowly.
 """
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numba
 import numpy as np
 import torch
 
+from shared.kmeans_kernels import _prepare, assign_groups, assign_points, block_buffers
 from shared.kmeans_lloyd import apply_labels, assign_range, lloyd_groups, update_centroids
 
-__all__ = ["PARALLEL_MIN_WORK", "lloyd_groups_threaded", "parallel_layer", "worth_threads"]
+__all__ = [
+    "FINAL_MIN_POINTS",
+    "PARALLEL_MIN_WORK",
+    "assign_groups_threaded",
+    "lloyd_groups_threaded",
+    "parallel_layer",
+    "worth_threads",
+]
 
 # Multiply-adds of one assignment pass of one group (N L s) below which threads cost more than
 # they save: a parallel pass costs a few microseconds of hand-off, a 1 M pass ~50 us of work.
@@ -39,6 +49,10 @@ __all__ = ["PARALLEL_MIN_WORK", "lloyd_groups_threaded", "parallel_layer", "wort
 # (2.9 M a pass) 1.27-1.32 ms against 1.50-1.95, L = 32 (5.9 M) 2.20-2.47 against 2.66-3.42;
 # L = 2 on 4,096 points (65 k a pass) gained nothing measurable.
 PARALLEL_MIN_WORK = 1 << 20
+# Points a group from which the final assignment of all points (after training on a subsample)
+# is split over threads: it is a memory pass (each block transposed, then scored), ~0.1 ms for
+# FEMNIST's 23,040 points at L = 2 on one thread.
+FINAL_MIN_POINTS = 8192
 
 _parallel_jit = numba.njit(
     cache=True, nogil=True, boundscheck=False, fastmath={"contract"}, parallel=True
@@ -75,16 +89,40 @@ def lloyd_groups_threaded(
     points (G, n, s), pt (G, s, n) float32; centroids (G, L, s) float32. Returns labels (G, n)
     int64 and the most updates any group ran.
     """
+    with _numba_threads(threads) as on:
+        if on:
+            starts, stops = _ranges(points.shape[1], threads)
+            return _lloyd_in_ranges(points, pt, centroids, iterations, starts, stops)
+    return lloyd_groups(points, pt, centroids, iterations)
+
+
+def assign_groups_threaded(points: np.ndarray, centroids: np.ndarray, threads: int) -> np.ndarray:
+    """``kmeans_kernels.assign_groups`` (points (G, n, s), centroids (G, L, s) float32 ->
+    labels (G, n) int64) with each group's points split into ``threads`` ranges that run at
+    once, from ``FINAL_MIN_POINTS`` points a group: the same labels."""
+    if points.shape[1] >= FINAL_MIN_POINTS:
+        with _numba_threads(threads) as on:
+            if on:
+                starts, stops = _ranges(points.shape[1], threads)
+                return _assign_in_ranges(points, centroids, starts, stops)
+    return assign_groups(points, centroids)
+
+
+@contextmanager
+def _numba_threads(threads: int) -> Iterator[bool]:
+    """Whether numba's parallel loops may run here on ``threads`` threads (at most
+    NUMBA_NUM_THREADS, and not on the workqueue layer), with numba's per-thread count set to
+    that for the block and torch's thread setting as the caller had it afterwards."""
     workers = min(threads, numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
     torch_threads = torch.get_num_threads()  # read before numba's threads start (see below)
     if workers < 2 or parallel_layer() == "workqueue":
-        return lloyd_groups(points, pt, centroids, iterations)
-    starts, stops = _ranges(points.shape[1], threads)
+        yield False
+        return
     before = numba.get_num_threads()  # a per-thread setting: put back for other callers' code
     if workers != before:
         numba.set_num_threads(workers)
     try:
-        return _lloyd_in_ranges(points, pt, centroids, iterations, starts, stops)
+        yield True
     finally:
         if workers != before:
             numba.set_num_threads(before)
@@ -143,3 +181,23 @@ def _lloyd_in_ranges(
     if ran < iterations:
         ran += 1  # the update that found the labels settled counts, as lloyd_groups does
     return labels, ran
+
+
+@_parallel_jit
+def _assign_in_ranges(
+    points: np.ndarray, centroids: np.ndarray, starts: np.ndarray, stops: np.ndarray
+) -> np.ndarray:
+    """``kmeans_kernels.assign_groups`` with each group's points split into the ranges
+    starts[r]..stops[r] that run at once, each with scratch buffers of its own."""
+    g, n, s = points.shape
+    num = centroids.shape[1]
+    labels = np.empty((g, n), dtype=np.int64)
+    scaled = np.empty((num, s), dtype=np.float32)
+    c_sq = np.empty(num, dtype=np.float32)
+    for group in range(g):
+        _prepare(centroids[group], scaled, c_sq)
+        for r in numba.prange(starts.shape[0]):
+            assign_points(
+                points[group], scaled, c_sq, starts[r], stops[r], labels[group], block_buffers(s)
+            )
+    return labels

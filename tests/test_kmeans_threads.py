@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from shared import kmeans, kmeans_lloyd, kmeans_threads
+from shared import kmeans, kmeans_kernels, kmeans_lloyd, kmeans_threads
 from shared.quantizer import GroupedProductQuantizer, PQConfig
 from tests.utils.activations import femnist_activations
 
@@ -53,6 +53,24 @@ def test_every_split_gives_the_one_thread_bits(
     assert ran_split == ran
 
 
+@pytest.mark.parametrize(("q", "num_centroids"), [(1152, 2), (1152, 5), (288, 16)])
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_the_final_assignment_on_threads_gives_the_one_thread_labels(
+    q: int, num_centroids: int, threads: int
+) -> None:
+    """After training on a subsample, every point is assigned once more: split over threads
+    from 8,192 points a group (FEMNIST q = 1152: 23,040 points; q = 288: 5,760, one thread)."""
+    points = _points(q)
+    centroids = np.ascontiguousarray(
+        kmeans._kmeanspp_init(points, num_centroids, np.random.default_rng(7)), dtype=np.float32
+    )
+
+    alone = kmeans_kernels.assign_groups(points, centroids)
+    split = kmeans_threads.assign_groups_threaded(points, centroids, threads)
+
+    np.testing.assert_array_equal(split, alone)
+
+
 def test_concurrent_callers_get_what_each_gets_alone() -> None:
     """Party B clusters in several worker threads at once, each on numba's threads. 20,000
     points of 8 dimensions and 128 centroids: 20 M multiply-adds a pass, on two threads."""
@@ -85,7 +103,7 @@ def test_without_a_thread_safe_threading_layer_the_loop_stays_on_one_thread() ->
     it, the threaded loop runs the one-thread loop (the same bits)."""
     script = (
         "import numpy as np\n"
-        "from shared import kmeans, kmeans_lloyd, kmeans_threads\n"
+        "from shared import kmeans, kmeans_kernels, kmeans_lloyd, kmeans_threads\n"
         "from tests.test_kmeans_threads import _points\n"
         "points = _points(144)\n"
         "rng = np.random.default_rng(4)\n"
