@@ -67,10 +67,11 @@ def _realign_frame(typingctx: Any) -> Any:
     The score loops keep more 8-float registers than AVX2 has and spill them to the stack in
     32-byte slots; LLVM places the slots at multiples of 32 from the stack pointer without
     realigning it, and x86-64 promises 16 only. With address-space randomisation the stack's
-    offset differs per process, so in half the processes the spills split cache lines: one
-    L = 32 pass took 0.285 ms there against 0.225 in the others (L = 16: 0.15-0.20 against
-    0.12). An alloca aligned to 64 bytes makes LLVM realign the frame in its prologue; the
-    empty inline assembly that takes its address keeps it from being optimised away.
+    offset differs per process, so in some processes the spills split cache lines: one
+    L = 32 pass took 0.266-0.285 ms there against 0.223-0.231 in the others (L = 16:
+    0.144-0.151 against 0.122-0.125; eight processes, docs/PERFORMANCE.md). An alloca
+    aligned to 64 bytes makes LLVM realign the frame in its prologue; the empty inline
+    assembly that takes its address keeps it from being optimised away.
     """
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:

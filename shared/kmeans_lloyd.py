@@ -15,7 +15,7 @@ from shared.kmeans_kernels import (
     _prepare,
 )
 
-__all__ = ["apply_labels", "assign_range", "lloyd_groups", "update_centroids"]
+__all__ = ["apply_labels", "assign_range", "lloyd_groups", "lloyd_state", "update_centroids"]
 
 
 @_jit
@@ -128,6 +128,23 @@ def lloyd_step(
 
 
 @_jit
+def lloyd_state(
+    points: np.ndarray, centroids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The state of Lloyd's loop before its first assignment, for points (G, n, s) and
+    centroids (G, L, s): labels (G, n) int64 all -1 (not yet assigned), float64 sums (G, L, s)
+    and int64 counts (G, L) of each cluster's points, zero, and every group active (G,)."""
+    g, n, s = points.shape
+    num = centroids.shape[1]
+    return (
+        np.full((g, n), -1, dtype=np.int64),
+        np.zeros((g, num, s), dtype=np.float64),
+        np.zeros((g, num), dtype=np.int64),
+        np.ones(g, dtype=np.bool_),
+    )
+
+
+@_jit
 def lloyd_groups(
     points: np.ndarray, pt: np.ndarray, centroids: np.ndarray, iterations: int
 ) -> tuple[np.ndarray, int]:
@@ -139,12 +156,7 @@ def lloyd_groups(
     and the most updates any group ran. One compiled call for all iterations: a call from
     Python costs ~5-10 us of argument unboxing, as much as a whole iteration at L = 2.
     """
-    g, n, s = points.shape
-    num = centroids.shape[1]
-    labels = np.full((g, n), -1, dtype=np.int64)
-    sums = np.zeros((g, num, s), dtype=np.float64)
-    counts = np.zeros((g, num), dtype=np.int64)
-    active = np.ones(g, dtype=np.bool_)
+    labels, sums, counts, active = lloyd_state(points, centroids)
     lloyd_step(points, pt, centroids, labels, sums, counts, active, False)
     ran = 0
     while ran < iterations and lloyd_step(

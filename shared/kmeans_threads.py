@@ -32,7 +32,13 @@ import numpy as np
 import torch
 
 from shared.kmeans_kernels import _prepare, assign_groups, assign_points, block_buffers
-from shared.kmeans_lloyd import apply_labels, assign_range, lloyd_groups, update_centroids
+from shared.kmeans_lloyd import (
+    apply_labels,
+    assign_range,
+    lloyd_groups,
+    lloyd_state,
+    update_centroids,
+)
 
 __all__ = [
     "FINAL_MIN_POINTS",
@@ -152,12 +158,8 @@ def _lloyd_in_ranges(
     """``kmeans_lloyd.lloyd_groups``, its assignment passes split into the ranges
     starts[r]..stops[r] that run at once; the same control flow, sweep 0 being the first
     assignment (no update before it)."""
-    g, n, s = points.shape
-    num = centroids.shape[1]
-    labels = np.full((g, n), -1, dtype=np.int64)
-    sums = np.zeros((g, num, s), dtype=np.float64)
-    counts = np.zeros((g, num), dtype=np.int64)
-    active = np.ones(g, dtype=np.bool_)
+    g, n, _ = points.shape
+    labels, sums, counts, active = lloyd_state(points, centroids)
     fresh = np.empty(n, dtype=np.int64)
     ran = 0
     for sweep in range(iterations + 1):

@@ -90,14 +90,6 @@ def test_concurrent_callers_get_what_each_gets_alone() -> None:
     assert torch.equal(alone[0].centroids, one_thread.centroids)
 
 
-def test_passes_of_about_a_million_multiply_adds_and_up_go_to_threads() -> None:
-    assert not kmeans_threads.worth_threads(4096, 2, 8, threads=2)  # FEMNIST L = 2
-    assert kmeans_threads.worth_threads(5760, 16, 32, threads=2)  # FEMNIST L = 16
-    assert kmeans_threads.worth_threads(2880, 32, 64, threads=2)  # FEMNIST L = 32
-    assert not kmeans_threads.worth_threads(2880, 32, 64, threads=1)
-    assert not kmeans_threads.worth_threads(600, 2400, 64, threads=2)  # too few points to split
-
-
 def test_without_a_thread_safe_threading_layer_the_loop_stays_on_one_thread() -> None:
     """numba's workqueue layer aborts when two threads enter it: in a process that has only
     it, the threaded loop runs the one-thread loop (the same bits)."""
