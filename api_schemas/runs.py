@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
+from shared.types import MAX_STEP
+
 # A model's keyword arguments as plain JSON values (ints, floats, lists of ints).
 ModelKwargs = dict[str, int | float | list[int]]
 Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -31,7 +33,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
-MAX_STEP = 2**63 - 1  # steps are 64-bit signed ints on the wire and in the database
 # The downlink of every run stored before the field existed (and of one stored with
 # grad_dtype "float32"): the original float32 StepResponse.
 STORED_DOWNLINK = "float32"

@@ -20,7 +20,7 @@ import torch
 from benchmarks.common import summary_ms, timed, versions, write_result
 from benchmarks.quantizer import SHAPES, Shape, femnist_batch, nwp_batch
 from shared import codec
-from shared.quantizer import GroupedProductQuantizer, PQConfig
+from shared.pq import GroupedProductQuantizer, PQConfig
 
 DIGEST = bytes(range(8))
 

@@ -52,7 +52,7 @@ def idle_torch_kib() -> int:
 _FLOOR = """
 import pathlib, re, torch
 from shared.models import build_bottom
-from shared.quantizer import GroupedProductQuantizer, PQConfig
+from shared.pq import GroupedProductQuantizer, PQConfig
 bottom = build_bottom("femnist_cnn")
 optimizer = torch.optim.SGD(bottom.parameters(), lr=0.01)
 quantizer = GroupedProductQuantizer(9216, PQConfig(q=1152, L=2))
@@ -85,7 +85,7 @@ def party_a_child(url: str, features: Path, steps: int, state: Path) -> dict[str
     from party_a.features import load_features
     from party_a.state import LocalStore
     from party_a.trainer import PartyATrainer
-    from shared.quantizer import GroupedProductQuantizer, PQConfig
+    from shared.pq import GroupedProductQuantizer, PQConfig
 
     after_imports = _status_kib("self", "VmHWM")
     config = load_config(

@@ -38,7 +38,7 @@ import torch
 
 from benchmarks.common import SHARED_DATA, summary_ms, timed, versions, write_result
 from shared.models import build_bottom
-from shared.quantizer import GroupedProductQuantizer, PQConfig, relative_error
+from shared.pq import GroupedProductQuantizer, PQConfig, relative_error
 
 
 @dataclass(frozen=True)
@@ -261,7 +261,7 @@ def bench_shape(z: torch.Tensor, shape: Shape, args: argparse.Namespace) -> dict
 def floor_ms(points: np.ndarray, shape: Shape) -> dict[str, float]:
     """A lower bound on any Lloyd k-means with our passes on this machine: ITERATIONS + 1
     assignment passes over the points we train on (all N, or the subsample of
-    shared.kmeans's rule plus one final pass over all N), each at least 2 n L s flops
+    shared.pq.kmeans's rule plus one final pass over all N), each at least 2 n L s flops
     (compute floor, at one core's dense float32 matrix-product rate: a 1024^3 sgemm on one
     BLAS thread, least CPU time of 5) and one read of its points (memory floor, at one
     core's read rate of a 16 MiB array). Both in CPU seconds, whatever the thread count: a
@@ -269,7 +269,7 @@ def floor_ms(points: np.ndarray, shape: Shape) -> dict[str, float]:
     and the centroid updates, so no implementation reaches it; ratio = our CPU time / floor."""
     from threadpoolctl import threadpool_limits
 
-    from shared import kmeans
+    from shared.pq import kmeans
 
     g, n, s = points.shape
     keep = max(kmeans._MIN_TRAIN_POINTS, 256 * shape.L)
@@ -308,7 +308,7 @@ def first_call_seconds() -> dict[str, float]:
     kernels loaded from a warm on-disk cache and compiled from an empty one."""
     code = (
         "import time, torch; t = time.perf_counter();"
-        "from shared.quantizer import GroupedProductQuantizer, PQConfig;"
+        "from shared.pq import GroupedProductQuantizer, PQConfig;"
         "q = GroupedProductQuantizer(9216, PQConfig(q=288, L=16));"
         "q.quantize(torch.rand(20, 9216), seed=0);"
         "print(time.perf_counter() - t)"

@@ -47,7 +47,7 @@ from shared import codec
 from shared.alignment import hmac_ids
 from shared.correction import correct_gradient
 from shared.models import seed_dropout
-from shared.quantizer import GroupedProductQuantizer, PQConfig
+from shared.pq import GroupedProductQuantizer, PQConfig
 from shared.schedule import batch_digest, batch_positions, split_train_eval, step_seed
 
 A_PARTS = ["bottom_fwd", "quantize", "encode_request", "round_trip", "decode_response",
@@ -101,7 +101,7 @@ class Session:
 
     def train_step(self, images: np.ndarray, *, record: bool) -> None:
         """One step as ``BottomTrainer.request`` / ``apply`` do it, from the same public parts
-        (``shared.quantizer``, ``shared.codec``, ``shared.correction``), with a timer around
+        (``shared.pq.quantizer``, ``shared.codec``, ``shared.correction``), with a timer around
         each; the first step checks that its request is byte-identical to ``request``'s."""
         t = self.step + 1
         positions = self.train_pos[

@@ -37,7 +37,7 @@ class Method:
     # "raw", "pq:q=..,L=.." (float32 codebook, bit-packed codewords), plus ",cb=f2" (float16
     # codebook) and/or ",cw=ans" (codewords rANS-coded where smaller, PROTOCOL.md 3.1)
     uplink: str
-    downlink: str  # a shared.downlink spec string
+    downlink: str  # a shared.wire.downlink spec string
 
     @property
     def name(self) -> str:

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from shared.alignment import hmac_ids
-from shared.exported import codebook_from_bytes, load_program, quantizer_of, read_manifest
-from shared.tables import read_id_table
+from shared.idtables import read_id_table
+from shared.pq.frozen import codebook_from_bytes, load_program, quantizer_of, read_manifest
 
 
 def party_a(args: argparse.Namespace) -> None:
@@ -57,7 +57,7 @@ def party_b(args: argparse.Namespace) -> None:
     if "z" in data:
         z_tilde = torch.from_numpy(data["z"])
     else:
-        from shared.quantizer import PQCode
+        from shared.pq import PQCode
 
         code = PQCode(torch.from_numpy(data["codebook"]), torch.from_numpy(data["codewords"]))
         z_tilde = quantizer_of(manifest).decode(code)

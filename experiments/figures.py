@@ -18,7 +18,6 @@ import json
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -26,6 +25,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from experiments.records import (  # noqa: E402
+    FIGURES,
+    records_of,
+    save_figure,
+    write_table,
+)
 from experiments.sweep import RESULTS, load_records  # noqa: E402
 from experiments.sweeps import (  # noqa: E402
     FEMNIST,
@@ -38,7 +43,6 @@ from experiments.sweeps import (  # noqa: E402
 
 __all__ = ["main", "within_five_percent"]
 
-FIGURES = Path(__file__).resolve().parents[1] / "docs" / "figures"
 METRIC = {
     "femnist": ("eval_accuracy", "accuracy"),
     "so_tag": ("eval_recall_at_5", "Recall@5"),
@@ -53,72 +57,6 @@ SWEEP_OF = {"femnist": "femnist", "so_tag": "so_tag", "shakespeare": "shakespear
 # their tables stay in RESULTS.md, labelled, beside the audited runs'
 PREAUDIT = {"so_tag": "so_tag-preaudit", "shakespeare": "shakespeare-preaudit"}
 VERTICAL = ("breast", "default_credit")
-
-
-def _records(sweep: str) -> list[dict[str, Any]]:
-    directory = RESULTS / sweep
-    if not directory.exists():
-        raise SystemExit(f"no results in {directory}: run `python -m experiments.sweep {sweep}`")
-    records = [in_paper_units(r) for r in load_records(directory)]
-    if sweep == "femnist":
-        records += _headline_prefixes({r["key"] for r in records})
-    return records
-
-
-def prefix_record(record: dict[str, Any], steps: int) -> dict[str, Any]:
-    """``record``'s run as it stood after ``steps`` steps: the record a run of that length
-    would have written. Nothing in a run depends on its length (the schedule, the rates and
-    the evaluations are the same; tests/test_experiments.py checks it), so the first
-    ``steps`` of a longer run are that shorter run; ``prefix_of`` names the longer one."""
-    row = next((r for r in record["curve"] if r["step"] == steps), None)
-    if row is None:
-        raise ValueError(f"{record['key']} has no evaluation at step {steps}")
-    config = {**record["config"], "steps": steps}
-    key = record["key"].replace(f"-T{record['config']['steps']}", f"-T{steps}")
-    final = {k: v for k, v in row.items() if k.startswith("eval_")}
-    return {
-        **record,
-        "key": key,
-        "config": config,
-        "final": final,
-        "curve": [r for r in record["curve"] if r["step"] <= steps],
-        "steps": steps,
-        "seconds": None,
-        "prefix_of": record["key"],
-        # the curve's byte counts are cumulative: the totals at ``steps``
-        **{k: row[k] for k in ("wire_bytes", "wire_raw_bytes") if k in row},
-    }
-
-
-def _headline_prefixes(have: set[str]) -> list[dict[str, Any]]:
-    """The FEMNIST grid's SplitFed and headline points (seed 0, 1,000 steps) read off the
-    headline pair's 2,000-step runs, where the grid has no record of its own."""
-    directory = RESULTS / "femnist_headline"
-    if not directory.exists():
-        return []
-    prefixes = [
-        prefix_record(in_paper_units(r), FEMNIST.steps)
-        for r in load_records(directory)
-        if r["config"]["seed"] == FEMNIST.seed
-    ]
-    return [r for r in prefixes if r["key"] not in have]
-
-
-def in_paper_units(record: dict[str, Any]) -> dict[str, Any]:
-    """The record with its lambda in the paper's units (shared.correction).
-
-    Runs recorded before the convention changed (no ``lambda_units`` field) scaled the
-    correction by 1/n, n the step's rows; the paper's units weight it by n_c/n, n_c the rows of
-    one chunk (a client's batch, or the whole batch of a vertical run), so their lambda is
-    ``lambda_old / n_c``. For the sequence task n was the step's counted tokens, a little
-    below its rows: the conversion there is approximate (within the share of padding).
-    """
-    if record.get("lambda_units") == "paper" or not record["config"].get("lam"):
-        return record
-    config = dict(record["config"])
-    rows_per_chunk = record["rows_per_step"] / (config.get("clients_per_step") or 1)
-    config["lam"] = float(f"{config['lam'] / rows_per_chunk:.3g}")
-    return {**record, "config": config, "lambda_units": "paper (converted)"}
 
 
 def _metric(record: dict[str, Any], task: str) -> float:
@@ -226,7 +164,7 @@ def quant_error() -> None:
     ax.set_title("FEMNIST cut layer, B = 20, d = 9216 (points: L)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    _save(fig, "fig1_quant_error_femnist")
+    save_figure(fig, "fig1_quant_error_femnist")
     lines = [
         "| family | q | R | L | relative error | paper ratio | wire ratio |",
         "|---|---|---|---|---|---|---|",
@@ -236,7 +174,7 @@ def quant_error() -> None:
         f"| {r['paper_ratio']:.1f} | {r['wire_ratio']:.1f} |"
         for r in rows
     ]
-    _write_table("fig1_quant_error_femnist", lines)
+    write_table("fig1_quant_error_femnist", lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,7 +186,7 @@ def tradeoff(task: str, sweep: str | None = None) -> None:
     """Fig. 2 and its table for ``task`` from the records of ``sweep`` (default: the task's
     sweep), written as ``fig2_tradeoff_<sweep>``."""
     sweep = sweep or SWEEP_OF[task]
-    records = _records(sweep)
+    records = records_of(sweep)
     base, points = split_points(records, task)
     name = METRIC[task][1]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
@@ -293,7 +231,7 @@ def tradeoff(task: str, sweep: str | None = None) -> None:
     axes[0].set_ylabel(f"held-out {name}")
     axes[0].legend(fontsize=7)
     fig.suptitle(f"{task}: {name} vs compression (R = 1 unless marked)")
-    _save(fig, f"fig2_tradeoff_{sweep}")
+    save_figure(fig, f"fig2_tradeoff_{sweep}")
     best = within_five_percent(base, points)
     print(_claim_text(task, base, best))
     found = (
@@ -321,7 +259,7 @@ def tradeoff(task: str, sweep: str | None = None) -> None:
             + " | ".join(cells)
             + " |"
         )
-    _write_table(f"fig2_tradeoff_{sweep}", lines)
+    write_table(f"fig2_tradeoff_{sweep}", lines)
 
 
 def _lams(points: dict[tuple[int, int, int], dict[float, dict[str, Any]]]) -> list[float]:
@@ -334,7 +272,7 @@ def _lams(points: dict[tuple[int, int, int], dict[float, dict[str, Any]]]) -> li
 
 
 def grid(task: str, small_lambda: float = HEADLINE_LAMBDA) -> None:
-    records = _records(SWEEP_OF[task])
+    records = records_of(SWEEP_OF[task])
     base, points = split_points(records, task)
     qs = sorted({q for q, _, R in points if R == 1}, reverse=True)
     ls = sorted({L for _, L, R in points if R == 1}, reverse=True)
@@ -364,7 +302,7 @@ def grid(task: str, small_lambda: float = HEADLINE_LAMBDA) -> None:
         ax.set_title(f"lambda = {lam:g}")
         fig.colorbar(image, ax=ax, shrink=0.8)
     fig.suptitle(f"{task}: held-out {METRIC[task][1]} over (q, L), R = 1 (SplitFed {base:.3f})")
-    _save(fig, f"fig3_grid_{task}")
+    save_figure(fig, f"fig3_grid_{task}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,7 +314,7 @@ def uplink(task: str) -> None:
     """SplitFed, FedAvg and two FedLite runs: the paper's headline point (q = 1152, L = 2, its
     best lambda here) and the most compressed point within 5% of SplitFed (else the most
     accurate FedLite point)."""
-    records = _records(SWEEP_OF[task])
+    records = records_of(SWEEP_OF[task])
     base, points = split_points(records, task)
     lr = _main_lr(records)
     metric = METRIC[task][0]
@@ -421,7 +359,7 @@ def uplink(task: str) -> None:
     ax.set_title(f"{task}: {METRIC[task][1]} vs uplink communication")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    _save(fig, f"fig4_uplink_{task}")
+    save_figure(fig, f"fig4_uplink_{task}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,7 +368,7 @@ def uplink(task: str) -> None:
 
 
 def vertical() -> None:
-    records = _records("vertical")
+    records = records_of("vertical")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     lines: list[str] = []
     for ax, task in zip(axes, VERTICAL, strict=True):
@@ -504,8 +442,8 @@ def vertical() -> None:
         lines.append("")
     axes[0].legend(fontsize=7)
     fig.suptitle("Two-party vertical (FATE): guest = party B, host = party A")
-    _save(fig, "fig_vertical_auc")
-    _write_table("fig_vertical_auc", lines)
+    save_figure(fig, "fig_vertical_auc")
+    write_table("fig_vertical_auc", lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,11 +456,11 @@ def headline() -> None:
         "(our wire bytes) | that point | paper |",
         "|---|---|---|---|---|---|",
     ]
-    vertical = _records("vertical")
+    vertical = records_of("vertical")
     # FEMNIST: the headline pair (2 seeds, 2,000 steps), the measurement of the paper's claim;
     # the grid's 1,000-step, one-seed view of every cell is Fig. 2's table
     of = {**SWEEP_OF, "femnist": "femnist_headline"}
-    sources = [(task, _records(sweep)) for task, sweep in of.items()]
+    sources = [(task, records_of(sweep)) for task, sweep in of.items()]
     sources += [(task, [r for r in vertical if r["config"]["task"] == task]) for task in VERTICAL]
     for task, records in sources:
         base, points = split_points(records, task)
@@ -533,7 +471,7 @@ def headline() -> None:
             point = f"q={best['q']} L={best['L']} lambda={best['lam']:g}: {best['metric']:.4f}"
         paper = f"{PAPER_CLAIM[task]}x" if task in PAPER_CLAIM else "-"
         lines.append(f"| {task} | {METRIC[task][1]} | {base:.4f} | {found} | {point} | {paper} |")
-    _write_table("headline", lines)
+    write_table("headline", lines)
 
 
 def http_checks() -> None:
@@ -557,7 +495,7 @@ def http_checks() -> None:
             f"{'yes' if verdict['identical'] else '**no**'} | {final} | "
             f"{seconds['inprocess']:.0f} | {seconds['http']:.0f} |"
         )
-    _write_table("http_check", lines)
+    write_table("http_check", lines)
 
 
 def raw_eval() -> None:
@@ -574,7 +512,7 @@ def raw_eval() -> None:
             f"| {c['q']} | {c['L']} | {r['paper_ratio']:.0f} | {final['eval_accuracy']:.4f} | "
             f"{final['eval_raw_accuracy']:.4f} |"
         )
-    _write_table("raw_eval_femnist", lines)
+    write_table("raw_eval_femnist", lines)
 
 
 def sweep_table() -> None:
@@ -595,7 +533,7 @@ def sweep_table() -> None:
             + (", ".join(f"`{k}`" for k in missing) or "-")
             + f" | {minutes:.0f} min |"
         )
-    _write_table("sweeps", lines)
+    write_table("sweeps", lines)
 
 
 RESULTS_DOC = FIGURES.parent / "RESULTS.md"
@@ -613,21 +551,6 @@ def update_results_doc() -> None:
             text = f"{head}{begin}\n{table.read_text()}{end}{tail}"
     RESULTS_DOC.write_text(text)
     print(f"updated {RESULTS_DOC}")
-
-
-def _save(fig: Any, name: str) -> None:
-    FIGURES.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    path = FIGURES / f"{name}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {path}")
-
-
-def _write_table(name: str, lines: list[str]) -> None:
-    path = FIGURES / f"{name}.md"
-    path.write_text("\n".join(lines) + "\n")
-    print(f"wrote {path}")
 
 
 def main(argv: list[str] | None = None) -> int:

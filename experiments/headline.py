@@ -22,7 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from experiments.figures import FIGURES, _records, _save, _write_table  # noqa: E402
+from experiments.records import FIGURES, records_of, save_figure, write_table  # noqa: E402
 from experiments.sweep import RESULTS  # noqa: E402
 
 __all__ = ["downlink_table", "headline_curves", "lambda_column", "relative_drops"]
@@ -72,7 +72,7 @@ def relative_drops(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def headline_curves() -> None:
-    records = _records(SWEEP)
+    records = records_of(SWEEP)
     rows = relative_drops(records)
     if not rows:
         raise SystemExit(f"{SWEEP}: no seed with both a SplitFed and a FedLite record yet")
@@ -93,7 +93,7 @@ def headline_curves() -> None:
             f"{fmt(f'{v:.4f}' for v in row['fedlite'])} | **{100 * row['drop']:.1f} %** | "
             f"{fmt(f'{100 * d:.1f} %' for d in row['drop_per_seed'])} |"
         )
-    _write_table("headline_femnist", lines)
+    write_table("headline_femnist", lines)
 
     fig, (acc, drop) = plt.subplots(1, 2, figsize=(10, 3.8))
     curves = _curves(records)
@@ -111,7 +111,7 @@ def headline_curves() -> None:
     drop.set_ylabel("relative accuracy drop (%)")
     drop.legend(fontsize=7)
     fig.suptitle("FEMNIST headline: SplitFed vs FedLite at q=1152, L=2")
-    _save(fig, "headline_femnist")
+    save_figure(fig, "headline_femnist")
     print(f"figures in {FIGURES}")
 
 
@@ -128,8 +128,8 @@ def lambda_column() -> None:
     with one code version; where the grid has none, the headline runs (2,000 steps, same
     configuration otherwise) give their step-1,000 evaluation, which is that run on their
     version: nothing in a run depends on its total length."""
-    headline = _records(SWEEP)
-    grid = _records("femnist") if (RESULTS / "femnist").exists() else []
+    headline = records_of(SWEEP)
+    grid = records_of("femnist") if (RESULTS / "femnist").exists() else []
     seed0 = [r for r in grid + headline if r["config"]["seed"] == 0]
     base = next(
         (a for r in seed0 if r["config"]["method"] == "splitfed" and (a := _at(r, LAMBDA_STEP))),
@@ -151,7 +151,7 @@ def lambda_column() -> None:
     ]
     for lam, (acc, key) in sorted(by_lam.items()):
         lines.append(f"| {lam:g} | {acc:.4f} | {100 * (1 - acc / base):.1f} % | `{key}` |")
-    _write_table("lambda_femnist", lines)
+    write_table("lambda_femnist", lines)
 
 
 # SplitFed's FEMNIST step both ways, measured on the wire by `python -m benchmarks.traffic`
@@ -165,10 +165,10 @@ SPLITFED_TRAFFIC = (
 def downlink_table() -> None:
     """The ``femnist_downlink`` runs (headline FedLite, seed 0, a compressed downlink) against
     SplitFed seed 0 of the headline pair: measured bytes per step both ways and accuracy."""
-    runs = _records("femnist_downlink") if (RESULTS / "femnist_downlink").exists() else []
+    runs = records_of("femnist_downlink") if (RESULTS / "femnist_downlink").exists() else []
     if not runs:
         raise SystemExit("no femnist_downlink records yet")
-    headline = [r for r in _records(SWEEP) if r["config"]["seed"] == 0]
+    headline = [r for r in records_of(SWEEP) if r["config"]["seed"] == 0]
     base = next(r for r in headline if r["config"]["method"] == "splitfed")
     plain = next(r for r in headline if r["config"]["method"] == "fedlite")
     sf = json.loads(SPLITFED_TRAFFIC.read_text())
@@ -192,7 +192,7 @@ def downlink_table() -> None:
             f"| {r['config']['downlink']} | {up:,.0f} | {down:,.0f} | "
             f"**{sf_total / (up + down):.1f}×** | {acc:.4f} | {100 * (1 - acc / base_acc):.1f} % |"
         )
-    _write_table("downlink_femnist", lines)
+    write_table("downlink_femnist", lines)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from experiments.sweeps import FEMNIST, SHAKESPEARE
 from experiments.tasks import load_task
 from shared.accounting import compression_report
 from shared.models import build_bottom
-from shared.quantizer import GroupedProductQuantizer, PQConfig, relative_error
+from shared.pq import GroupedProductQuantizer, PQConfig, relative_error
 
 __all__ = ["SETTINGS", "main"]
 

@@ -25,7 +25,7 @@ import torch
 from api_schemas import RunCreate
 from shared import codec
 from shared.alignment import hmac_ids
-from shared.quantizer import GroupedProductQuantizer, PQConfig
+from shared.pq import GroupedProductQuantizer, PQConfig
 from shared.schedule import batch_digest, batch_positions, split_train_eval
 
 __all__ = [

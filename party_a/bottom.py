@@ -22,7 +22,7 @@ from party_a.errors import ProtocolError
 from shared import codec
 from shared.correction import correct_gradient
 from shared.models import build_bottom, build_seeded, seed_dropout, takes_tokens
-from shared.quantizer import GroupedProductQuantizer, PQConfig
+from shared.pq import GroupedProductQuantizer, PQConfig
 from shared.schedule import step_seed
 from shared.training import make_optimizer, state_from_bytes, state_to_bytes
 

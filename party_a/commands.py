@@ -87,7 +87,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_align(args: argparse.Namespace) -> int:
     from party_a.alignment import private_intersection
-    from shared.tables import read_id_table
+    from shared.idtables import read_id_table
 
     server, token = connection(args)
     ids = read_id_table(args.features, id_column=args.id_column).ids

@@ -15,9 +15,9 @@ from party_a.config import PartyAConfig
 from party_a.errors import ConfigError
 from party_a.features import FeatureTransform
 from party_a.state import LocalRun, LocalStore
-from shared.exported import save_program, write_export
 from shared.models import build_bottom, input_width_kwarg, takes_tokens
 from shared.models import cut_dim as model_cut_dim
+from shared.pq.frozen import save_program, write_export
 from shared.training import state_from_bytes
 
 __all__ = ["export_run"]

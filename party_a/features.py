@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.tables import TableError, read_id_table
+from shared.idtables import TableError, read_id_table
 
 __all__ = ["FeatureTable", "FeatureTransform", "load_features"]
 

@@ -21,7 +21,7 @@ from party_a.features import FeatureTable, FeatureTransform
 from party_a.state import LocalRun, LocalStore, RunServing
 from shared import codec
 from shared.alignment import hmac_ids
-from shared.exported import codebook_from_bytes, codebook_to_bytes
+from shared.pq.frozen import codebook_from_bytes, codebook_to_bytes
 from shared.schedule import batch_digest
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from party_b.maintenance import MaintenanceError
 from party_b.service.admission import Admission
 from party_b.service.loader import restore
 from party_b.settings import Settings
-from shared.exported import save_program, write_export
+from shared.pq.frozen import save_program, write_export
 
 __all__ = ["export_run"]
 

@@ -8,18 +8,17 @@ very same step code.
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 
-from shared.tables import TableError, read_id_table
+from shared.idtables import TableError, read_id_table
+from shared.types import Task
 
 __all__ = ["LabelSource", "LabelTable", "load_label_table"]
-
-Task = Literal["classification", "multilabel", "sequence"]
 
 
 class LabelSource(Protocol):

@@ -14,7 +14,7 @@ between, so nothing that can fail runs after the model has moved.
 """
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,10 +23,10 @@ from torch import Tensor
 
 from shared.models import build_seeded, build_top, seed_dropout
 from shared.training import make_optimizer, state_from_bytes, state_to_bytes
+from shared.types import Task
 
 __all__ = ["DivergedError", "EvalOutcome", "OutputNotFinite", "StepOutcome", "TopTrainer"]
 
-Task = Literal["classification", "multilabel", "sequence"]
 IGNORE = -100  # sequence targets with this value (padding) take no part in loss or accuracy
 
 

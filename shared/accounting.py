@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from shared.bitpack import bits_for
 from shared.codec import (
     PQActivations,
     RawActivations,
@@ -22,7 +21,8 @@ from shared.codec import (
     WireFloat,
     encode_step_request,
 )
-from shared.schedule import DIGEST_BYTES
+from shared.types import DIGEST_BYTES
+from shared.wire.bitpack import bits_for
 
 __all__ = [
     "PAPER_PHI",

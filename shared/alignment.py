@@ -37,6 +37,6 @@ def order_by_raw_id(ids: list[str], keys: list[bytes], common: set[bytes]) -> li
     ``keys[i]`` is the aligned key of ``ids[i]``. Both parties know the raw ids of the samples
     they share, so both get the same order; it does not depend on the random per-run key.
     Python orders str by code point, which is the order of their UTF-8 bytes; ids are unique
-    (``shared.tables``), so the keys never decide.
+    (``shared.idtables``), so the keys never decide.
     """
     return [k for _, k in sorted((i, k) for i, k in zip(ids, keys, strict=True) if k in common)]

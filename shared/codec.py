@@ -25,7 +25,7 @@ raw activations, gradients and scores may be float16 (encoder keyword options). 
 always return writable float32 arrays.
 """
 
-from shared.downlink import DownlinkSpec, decode_gradient, encode_gradient, gradient_keys
+from shared.types import DIGEST_BYTES, MAX_STEP, WireFloat
 from shared.wire.activations import (
     Activations,
     CodewordCoding,
@@ -35,11 +35,10 @@ from shared.wire.activations import (
     chunks_from_wire,
     chunks_to_wire,
 )
-from shared.wire.arrays import RangeError, WireFloat, float_bin
-from shared.wire.envelope import WIRE_VERSION, MessageType, open_message, pack
+from shared.wire.arrays import RangeError, float_bin
+from shared.wire.downlink import DownlinkSpec, decode_gradient, encode_gradient, gradient_keys
+from shared.wire.envelope import WIRE_VERSION, MessageType, open_message, pack, peek_step
 from shared.wire.messages import (
-    DIGEST_BYTES,
-    MAX_STEP,
     EvaluateRequest,
     EvaluateResponse,
     PredictRequest,
@@ -82,6 +81,7 @@ __all__ = [
     "encode_predict_response",
     "encode_step_request",
     "encode_step_response",
+    "peek_step",
 ]
 
 

@@ -145,10 +145,10 @@ def test_headline_drops_pair_each_seed_and_use_only_steps_every_run_reached() ->
 
 def test_a_shorter_run_is_the_prefix_of_a_longer_one() -> None:
     """The FEMNIST grid reads its 1,000-step SplitFed and headline points off the headline
-    pair's 2,000-step runs (experiments.figures.prefix_record): that is sound only if nothing
+    pair's 2,000-step runs (experiments.records.prefix_record): that is sound only if nothing
     in a run depends on its length. Checked on a FedLite run (quantizer, correction, schedule
     and Adam all in play): 4 steps alone and the first 4 of 8 give the same record."""
-    from experiments.figures import prefix_record
+    from experiments.records import prefix_record
     from experiments.runner import run_split
 
     base = SWEEPS["vertical"].jobs(smoke=True)[0]

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from shared.kmeans import assign, batched_kmeans
-from shared.quantizer import GroupedProductQuantizer, PQConfig, relative_error
+from shared.pq.kmeans import assign, batched_kmeans
+from shared.pq.quantizer import GroupedProductQuantizer, PQConfig, relative_error
 from tests.utils.activations import femnist_activations
 from tests.utils.reference_kmeans import nearest
 
@@ -19,7 +19,7 @@ SHAPES = [(1152, 1, 2), (288, 1, 16), (144, 1, 32), (4608, 1152, 4), (768, 1, 5)
 _DIGEST = """
 import hashlib, sys, torch
 torch.set_num_threads(int(sys.argv[1]))
-from shared.quantizer import GroupedProductQuantizer, PQConfig
+from shared.pq.quantizer import GroupedProductQuantizer, PQConfig
 from tests.utils.activations import femnist_activations
 z = femnist_activations(batch=20)
 h = hashlib.sha256()

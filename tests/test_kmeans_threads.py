@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from shared import kmeans, kmeans_kernels, kmeans_lloyd, kmeans_threads
-from shared.quantizer import GroupedProductQuantizer, PQConfig
+from shared.pq import _kernels, _lloyd, _threads, kmeans
+from shared.pq.quantizer import GroupedProductQuantizer, PQConfig
 from tests.utils.activations import femnist_activations
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,8 +43,8 @@ def test_every_split_gives_the_one_thread_bits(
     transposed = kmeans._transposed(points)
     alone, split = start.copy(), start.copy()
 
-    labels, ran = kmeans_lloyd.lloyd_groups(points, transposed, alone, iterations)
-    labels_split, ran_split = kmeans_threads.lloyd_groups_threaded(
+    labels, ran = _lloyd.lloyd_groups(points, transposed, alone, iterations)
+    labels_split, ran_split = _threads.lloyd_groups_threaded(
         points, transposed, split, iterations, threads
     )
 
@@ -65,8 +65,8 @@ def test_the_final_assignment_on_threads_gives_the_one_thread_labels(
         kmeans._kmeanspp_init(points, num_centroids, np.random.default_rng(7)), dtype=np.float32
     )
 
-    alone = kmeans_kernels.assign_groups(points, centroids)
-    split = kmeans_threads.assign_groups_threaded(points, centroids, threads)
+    alone = _kernels.assign_groups(points, centroids)
+    split = _threads.assign_groups_threaded(points, centroids, threads)
 
     np.testing.assert_array_equal(split, alone)
 
@@ -74,7 +74,7 @@ def test_the_final_assignment_on_threads_gives_the_one_thread_labels(
 def test_concurrent_callers_get_what_each_gets_alone() -> None:
     """Party B clusters in several worker threads at once, each on numba's threads. 20,000
     points of 8 dimensions and 128 centroids: 20 M multiply-adds a pass, on two threads."""
-    assert kmeans_threads.worth_threads(20_000, 128, 8, threads=2)
+    assert _threads.worth_threads(20_000, 128, 8, threads=2)
     points = torch.from_numpy(_points(1152)[:, :20_000].copy())
 
     def cluster(seed: int) -> kmeans.KMeansResult:
@@ -95,17 +95,17 @@ def test_without_a_thread_safe_threading_layer_the_loop_stays_on_one_thread() ->
     it, the threaded loop runs the one-thread loop (the same bits)."""
     script = (
         "import numpy as np\n"
-        "from shared import kmeans, kmeans_kernels, kmeans_lloyd, kmeans_threads\n"
+        "from shared.pq import _kernels, _lloyd, _threads, kmeans\n"
         "from tests.test_kmeans_threads import _points\n"
         "points = _points(144)\n"
         "rng = np.random.default_rng(4)\n"
         "start = np.ascontiguousarray(kmeans._kmeanspp_init(points, 32, rng))\n"
         "pt = kmeans._transposed(points)\n"
         "alone, split = start.copy(), start.copy()\n"
-        "labels, _ = kmeans_lloyd.lloyd_groups(points, pt, alone, 10)\n"
-        "labels_split, _ = kmeans_threads.lloyd_groups_threaded(points, pt, split, 10, 2)\n"
+        "labels, _ = _lloyd.lloyd_groups(points, pt, alone, 10)\n"
+        "labels_split, _ = _threads.lloyd_groups_threaded(points, pt, split, 10, 2)\n"
         "assert (labels == labels_split).all() and alone.tobytes() == split.tobytes()\n"
-        "print(kmeans_threads.parallel_layer())\n"
+        "print(_threads.parallel_layer())\n"
     )
     env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue"}
     done = subprocess.run(

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from shared.kmeans import assign, batched_kmeans
-from shared.quantizer import GroupedProductQuantizer, PQCode, PQConfig, relative_error
+from shared.pq.kmeans import assign, batched_kmeans
+from shared.pq.quantizer import GroupedProductQuantizer, PQCode, PQConfig, relative_error
 from tests.utils.activations import femnist_activations
 from tests.utils.reference_kmeans import lloyd
 

@@ -26,7 +26,7 @@ from party_a.trainer import PartyATrainer
 from party_b.inprocess import InProcessTransport, in_process_party_b
 from party_b.service import RunService
 from party_b.service.state import Caller
-from shared.quantizer import GroupedProductQuantizer, PQConfig
+from shared.pq.quantizer import GroupedProductQuantizer, PQConfig
 from tests.test_run_creation import CONFIG, _data
 
 

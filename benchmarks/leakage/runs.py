@@ -40,7 +40,7 @@ class LeakRun:
     q: int
     L: int
     privacy: str = "off"  # FEDLITE_B_PRIVACY text
-    downlink: str = "float32"  # the run's downlink representation (shared.downlink)
+    downlink: str = "float32"  # the run's downlink representation (shared.wire.downlink)
     lam: float = 1e-3
     lr: float = 0.003
     seed: int = 0

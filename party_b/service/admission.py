@@ -16,7 +16,7 @@ from party_b.errors import ProblemError
 from party_b.labels import LabelSource
 from party_b.settings import Limits
 from party_b.top import TopTrainer
-from shared.downlink import DownlinkSpec
+from shared.codec import DownlinkSpec
 from shared.models import MODEL_NAMES, build_top, output_kwarg, top_kwargs
 from shared.models import task as model_task
 from shared.schedule import BatchSchedule, make_schedule

@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 
 from party_b.metrics import Metrics
 from shared import codec
-from shared.downlink import DownlinkSpec
+from shared.codec import DownlinkSpec
 from shared.schedule import step_seed
 
 __all__ = ["run_downlink", "step_response"]

@@ -11,7 +11,7 @@ from party_b import store
 from party_b.errors import ProblemError
 from party_b.privacy.run import OFF, RunPrivacy
 from party_b.top import TopTrainer
-from shared.quantizer import GroupedProductQuantizer
+from shared.pq import GroupedProductQuantizer
 from shared.schedule import BatchSchedule, StepBatch
 
 __all__ = ["Caller", "RunState", "owned_row"]

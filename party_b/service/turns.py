@@ -29,15 +29,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
-import msgpack
-
-from api_schemas.runs import MAX_STEP
 from party_b.metrics import Metrics
 from party_b.service.cache import RunCache
 from party_b.service.state import Caller, RunState
-from shared.wire.envelope import WIRE_VERSION, MessageType
+from shared.codec import peek_step
 
-__all__ = ["HOLD_SECONDS", "MAX_AHEAD", "Offload", "Turns", "peek_step"]
+__all__ = ["HOLD_SECONDS", "MAX_AHEAD", "Offload", "Turns"]
 
 # Party A's largest pipeline_depth (party_a/config.py): a step further ahead cannot have been
 # sent beside its predecessor, so it is refused at once.
@@ -52,32 +49,6 @@ HOLD_SECONDS = 5.0
 
 # runs a blocking call in a worker thread (the API's ``in_thread``)
 Offload = Callable[[Callable[[], RunState]], Awaitable[RunState]]
-
-_HEAD_BYTES = 64  # v, t and s of a StepRequest as party A packs them take under 40 bytes
-
-
-def peek_step(body: bytes) -> int | None:
-    """The step ``s`` of a StepRequest body from its first bytes, or None unless they hold a
-    map that starts with exactly ``v`` (this wire version), ``t`` (``step_req``) and ``s``,
-    in any order (``shared.wire.envelope.pack`` puts them first). No allocation beyond the
-    head; the full decode and its 400 stay with the normal path."""
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True)
-    unpacker.feed(body[:_HEAD_BYTES])
-    head: dict[object, object] = {}
-    try:
-        for _ in range(min(unpacker.read_map_header(), 3)):
-            key = unpacker.unpack()
-            if key not in ("v", "t", "s") or key in head:
-                return None
-            head[key] = unpacker.unpack()
-    except (msgpack.UnpackException, ValueError):
-        return None  # not msgpack, not a map, or cut off within the head
-    step = head.get("s")
-    if head.get("v") != WIRE_VERSION or head.get("t") != MessageType.STEP_REQUEST.value:
-        return None
-    if type(step) is not int or not 0 <= step <= MAX_STEP:
-        return None
-    return step
 
 
 @dataclass(eq=False)  # each one is itself, whatever its fields

@@ -16,7 +16,7 @@ from party_b.errors import ProblemError
 from party_b.service.state import RunState
 from party_b.settings import Limits
 from shared import codec
-from shared.quantizer import GroupedProductQuantizer, PQCode, PQConfig
+from shared.pq import GroupedProductQuantizer, PQCode, PQConfig
 
 __all__ = ["decode", "decode_limits", "dequantize", "dequantizer", "is_quantized"]
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
+
+from shared.types import Task
 
 __all__ = [
     "KwargValue",
@@ -22,7 +24,6 @@ __all__ = [
     "seed_dropout",
 ]
 
-Task = Literal["classification", "multilabel", "sequence"]
 """The loss party B applies to the top's logits.
 
 - ``classification``: cross-entropy, logits (n, classes), integer targets (n,)

@@ -7,14 +7,15 @@ request's ``(rows, d)`` activations. docs/PROTOCOL.md section 2 describes the by
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, NamedTuple, TypeAlias
+from typing import Any, Final, NamedTuple, TypeAlias
 
 import numpy as np
 from numpy.typing import NDArray
 
-from shared import ans
-from shared.bitpack import MAX_BITS, bits_for, pack_codes, packed_nbytes, unpack_codes
-from shared.wire.arrays import WireFloat, check_float32, float_bin
+from shared.types import CodewordCoding, WireFloat
+from shared.wire import ans
+from shared.wire.arrays import check_float32, float_bin
+from shared.wire.bitpack import MAX_BITS, bits_for, pack_codes, packed_nbytes, unpack_codes
 from shared.wire.reader import CodecError, DecodeLimits, Fields, malformed, type_name
 
 __all__ = [
@@ -37,7 +38,6 @@ _PQ_KEYS: Final = frozenset({"k", "B", "d", "q", "R", "L", "b", "dt", "cb", "cw"
 _PQ_ANS_KEYS: Final = (_PQ_KEYS - {"cw"}) | {"cf", "ca"}
 _RAW_KEYS: Final = frozenset({"k", "B", "d", "dt", "x"})
 # "ans": each PQ chunk's codewords rANS-coded where that is smaller than bit-packed.
-CodewordCoding: TypeAlias = Literal["packed", "ans"]
 
 
 @dataclass(frozen=True, eq=False)

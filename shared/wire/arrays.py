@@ -5,10 +5,12 @@ In memory every float array is float32; on the wire it may be float16 (``f2``) o
 overflows the wire dtype, cannot be sent.
 """
 
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
+
+from shared.types import WireFloat
 
 __all__ = [
     "TAG_DTYPE",
@@ -20,7 +22,6 @@ __all__ = [
 ]
 
 # Float dtype of an array on the wire. Always little-endian, whatever the host.
-WireFloat: TypeAlias = Literal["float32", "float16"]
 _WIRE_TAG: Final[dict[str, str]] = {"float32": "f4", "float16": "f2"}
 TAG_DTYPE: Final[dict[str, np.dtype[np.floating[Any]]]] = {
     "f4": np.dtype("<f4"),

@@ -12,9 +12,10 @@ from typing import Any, Final
 
 import msgpack
 
+from shared.types import MAX_STEP
 from shared.wire.reader import CodecError, DecodeLimits, Fields, type_name, unpack_map
 
-__all__ = ["WIRE_VERSION", "MessageType", "open_message", "pack"]
+__all__ = ["WIRE_VERSION", "MessageType", "open_message", "pack", "peek_step"]
 
 WIRE_VERSION: Final = 1
 
@@ -65,3 +66,30 @@ def open_message(
         raise CodecError(f"expected message type {message_type.value!r}, got {tag!r}")
     expected = keys if isinstance(keys, frozenset) else keys(obj)
     return Fields(obj, message_type.value, expected | {"v", "t"})
+
+
+_HEAD_BYTES = 64  # v, t and s of a StepRequest as party A packs them take under 40 bytes
+
+
+def peek_step(body: bytes) -> int | None:
+    """The step ``s`` of a StepRequest body from its first bytes, or None unless they hold a
+    map that starts with exactly ``v`` (this wire version), ``t`` (``step_req``) and ``s``,
+    in any order (``pack`` puts them first). No allocation beyond the
+    head; the full decode and its 400 stay with the normal path."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True)
+    unpacker.feed(body[:_HEAD_BYTES])
+    head: dict[object, object] = {}
+    try:
+        for _ in range(min(unpacker.read_map_header(), 3)):
+            key = unpacker.unpack()
+            if key not in ("v", "t", "s") or key in head:
+                return None
+            head[key] = unpacker.unpack()
+    except (msgpack.UnpackException, ValueError):
+        return None  # not msgpack, not a map, or cut off within the head
+    step = head.get("s")
+    if head.get("v") != WIRE_VERSION or head.get("t") != MessageType.STEP_REQUEST.value:
+        return None
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
+        return None
+    return step

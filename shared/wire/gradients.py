@@ -1,7 +1,7 @@
 """Compressed gradient representations of a StepResponse: the ``gr`` map, one kind per map.
 
 Every function here maps a finite float32 ``(B, d)`` gradient to a msgpack map and back.
-``shared.downlink`` chooses the kind from a run's ``DownlinkSpec``; docs/PROTOCOL.md
+``shared.wire.downlink`` chooses the kind from a run's ``DownlinkSpec``; docs/PROTOCOL.md
 section 3 describes the bytes. The float32 and float16 representations are not here: they
 are the original ``dt`` / ``g`` fields of a StepResponse, whose bytes are unchanged.
 
@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from shared.bitpack import bits_for, pack_codes, packed_nbytes, unpack_codes
-from shared.quantizer import GroupedProductQuantizer, PQCode, PQConfig
+from shared.pq.quantizer import GroupedProductQuantizer, PQCode, PQConfig
 from shared.wire.arrays import RangeError, all_finite, float_bin
+from shared.wire.bitpack import bits_for, pack_codes, packed_nbytes, unpack_codes
 from shared.wire.reader import CodecError, DecodeLimits, Fields
 
 __all__ = [

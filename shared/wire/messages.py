@@ -11,11 +11,11 @@ one-class batch); arrays used in computation (gradients, codebooks, scores) must
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
 
+from shared.types import DIGEST_BYTES, MAX_STEP
 from shared.wire.activations import Activations, Chunked, as_chunks
 from shared.wire.arrays import check_float32
 from shared.wire.reader import CodecError, DecodeLimits, Fields, type_name
@@ -32,9 +32,6 @@ __all__ = [
     "ids_from_wire",
     "metrics_from_wire",
 ]
-
-DIGEST_BYTES: Final = 8  # batch / id-set digests are 8-byte strings
-MAX_STEP: Final = 2**63 - 1  # steps and counts fit a signed 64-bit int on any peer
 
 
 @dataclass(frozen=True, eq=False)

@@ -22,8 +22,8 @@ import msgpack
 import numpy as np
 from numpy.typing import NDArray
 
-from shared.bitpack import MAX_BITS
 from shared.wire.arrays import TAG_DTYPE, all_finite
+from shared.wire.bitpack import MAX_BITS
 
 __all__ = [
     "DEFAULT_LIMITS",

@@ -12,7 +12,7 @@ from api_schemas import RunCreate, default_downlink
 from party_b.api import create_app
 from party_b.settings import Settings
 from shared import codec
-from shared.downlink import DownlinkSpec
+from shared.wire.downlink import DownlinkSpec
 from tests.utils.live import live_server
 from tests.utils.small_runs import MSGPACK, TOKEN, aligned_run, labels_csv, problem, run_spec
 

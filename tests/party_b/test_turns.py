@@ -18,9 +18,10 @@ import pytest
 from fastapi import FastAPI
 
 from party_b.api import create_app
-from party_b.service.turns import MAX_AHEAD, peek_step
+from party_b.service.turns import MAX_AHEAD
 from party_b.settings import Settings
 from shared import codec
+from shared.codec import peek_step
 from tests.utils.live import live_server
 from tests.utils.small_runs import (
     MSGPACK,

@@ -1,4 +1,4 @@
-"""Codewords at their empirical entropy (shared/ans.py, docs/PROTOCOL.md 3.1): exact round
+"""Codewords at their empirical entropy (shared/wire/ans.py, docs/PROTOCOL.md 3.1): exact round
 trips, the fallback to bit-packing, hostile tables and streams refused, and a run whose step
 requests carry rANS-coded codewords training bit-identically to one with bit-packed ones."""
 
@@ -14,8 +14,6 @@ from party_a.state import LocalStore
 from party_a.trainer import PartyATrainer
 from party_b.inprocess import InProcessTransport, in_process_party_b
 from party_b.labels import load_label_table
-from shared import ans
-from shared.bitpack import packed_nbytes
 from shared.codec import (
     CodecError,
     PQActivations,
@@ -24,6 +22,8 @@ from shared.codec import (
     encode_step_request,
 )
 from shared.demo_data import write_party_a_demo, write_party_b_demo
+from shared.wire import ans
+from shared.wire.bitpack import packed_nbytes
 from tests.utils.party_a import breast_config
 
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from shared.bitpack import MAX_BITS, bits_for, pack_codes, packed_nbytes, unpack_codes
+from shared.wire.bitpack import MAX_BITS, bits_for, pack_codes, packed_nbytes, unpack_codes
 
 
 def reference_pack(codes: list[int], bits: int) -> bytes:

@@ -6,7 +6,7 @@ import pytest
 
 from shared import codec
 from shared.codec import CodecError
-from shared.downlink import DownlinkSpec, encode_gradient, roundtrip
+from shared.wire.downlink import DownlinkSpec, encode_gradient, roundtrip
 
 SPECS = [
     "float32",

@@ -26,7 +26,6 @@ from party_b.privacy import METRICS_POLICIES, PrivacyPolicy
 from party_b.privacy.defences import visible_metrics
 from shared import codec
 from shared.alignment import hmac_ids, order_by_raw_id
-from shared.bitpack import packed_nbytes
 from shared.schedule import (
     ClientBatches,
     ShuffledBatches,
@@ -35,7 +34,8 @@ from shared.schedule import (
     split_train_eval,
     step_seed,
 )
-from shared.schedule_v2 import sha_order
+from shared.schedule.v2 import sha_order
+from shared.wire.bitpack import packed_nbytes
 
 KIT_DIR = Path(__file__).resolve().parents[2] / "docs" / "conformance"
 KIT = "fedlite-vfl conformance vectors"
@@ -341,7 +341,7 @@ def downlink_cases() -> tuple[str, str, list[Case]]:
     import numpy as np
 
     from shared import codec
-    from shared.downlink import DownlinkSpec
+    from shared.wire.downlink import DownlinkSpec
 
     about = (
         "One StepResponse (step 5, loss 0.5, metrics {'accuracy': 0.25}) carrying the same "
@@ -363,7 +363,7 @@ def downlink_cases() -> tuple[str, str, list[Case]]:
 
 
 def codewords_cases() -> tuple[str, str, list[Case]]:
-    from shared import ans
+    from shared.wire import ans
 
     about = (
         "A PQ chunk's (B, q) codewords in R groups of L, entropy-coded (fields 'cf' and 'ca' "

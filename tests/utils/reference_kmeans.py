@@ -7,7 +7,7 @@ def lloyd(points: np.ndarray, init: np.ndarray, iterations: int) -> tuple[np.nda
     """Lloyd's algorithm from ``init``, float64, explicit loops over clusters.
 
     points (N, s), init (L, s) -> centroids (L, s), labels (N,). Empty clusters keep their
-    centroid; stops early when the labels stop changing (same contract as shared.kmeans).
+    centroid; stops early when the labels stop changing (same contract as shared.pq.kmeans).
     """
     x = points.astype(np.float64)
     c = init.astype(np.float64).copy()

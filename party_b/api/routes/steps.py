@@ -5,9 +5,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from api_schemas import ProblemType, ResumeIn, RunOut, StepLogPage
-from api_schemas.runs import MAX_STEP
 from party_b.api.contract import AUTHENTICATED, MSGPACK, WITH_BODY, ContractRoute, contract
 from party_b.api.deps import CallerDep, ServiceDep, in_thread, msgpack
+from shared.types import MAX_STEP
 
 router = APIRouter(route_class=ContractRoute)
 P = ProblemType

@@ -1,6 +1,6 @@
-"""Compiled (numba) sampling of shared/kmeans.py: the training subsample and k-means++ seeding.
+"""Compiled (numba) sampling of shared/pq/kmeans.py: the training subsample and k-means++ seeding.
 
-Same rules as shared/kmeans_kernels.py (whose helpers and compile settings this reuses):
+Same rules as shared/pq/_kernels.py (whose helpers and compile settings this reuses):
 sequential, so the output depends on the input only, never on the thread count, and cached
 on disk. The one exception to "no reassociation" is the k-means++ potential, which only
 ranks candidates (see ``_jit_reduce``).
@@ -11,12 +11,12 @@ from typing import Any
 import numba
 import numpy as np
 
-from shared.kmeans_kernels import _coef8, _jit, _rows8
+from shared.pq._kernels import coef8, jit, rows8
 
 __all__ = ["kmeanspp_groups", "subsample_groups"]
 
 
-@_jit
+@jit
 def subsample_groups(points: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     """A random subset of ``keep`` points of every group, in their original order.
 
@@ -47,7 +47,7 @@ def subsample_groups(points: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     return out
 
 
-@_jit
+@jit
 def _sqdiff8(c: tuple[float, ...], q: tuple[np.ndarray, ...], i: int) -> Any:
     """sum_j (q[j][i] - c[j])^2 over 8 dimensions, in float32, in a fixed order."""
     d0, d1, d2, d3 = q[0][i] - c[0], q[1][i] - c[1], q[2][i] - c[2], q[3][i] - c[3]
@@ -55,19 +55,19 @@ def _sqdiff8(c: tuple[float, ...], q: tuple[np.ndarray, ...], i: int) -> Any:
     return ((d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3)) + ((d4 * d4 + d5 * d5) + (d6 * d6 + d7 * d7))
 
 
-@_jit
+@jit
 def _distances_to(pt: np.ndarray, centroid: np.ndarray, out: np.ndarray) -> None:
     """out[i] = ||p_i - c||^2 for every point of pt (s, n), in float32 (8 dimensions per
     pass over out when s is a multiple of 8, one otherwise)."""
     s, n = pt.shape
     if s % 8 == 0:
-        c = _coef8(centroid, 0)
-        q = _rows8(pt, 0, 0, n)
+        c = coef8(centroid, 0)
+        q = rows8(pt, 0, 0, n)
         for i in range(n):
             out[i] = _sqdiff8(c, q, i)
         for k in range(8, s, 8):
-            c = _coef8(centroid, k)
-            q = _rows8(pt, k, 0, n)
+            c = coef8(centroid, k)
+            q = rows8(pt, k, 0, n)
             for i in range(n):
                 out[i] += _sqdiff8(c, q, i)
         return
@@ -81,7 +81,7 @@ def _distances_to(pt: np.ndarray, centroid: np.ndarray, out: np.ndarray) -> None
             out[i] += diff * diff
 
 
-@_jit
+@jit
 def _distances4(pt: np.ndarray, p: np.ndarray, picks: np.ndarray, t: int, out: np.ndarray) -> None:
     """out[t + j] = squared distances of every point of pt (s, n) to p[picks[t + j]] (j < 4),
     s a multiple of 8; the same bits as :func:`_distances_to`, with each loaded point row
@@ -89,9 +89,9 @@ def _distances4(pt: np.ndarray, p: np.ndarray, picks: np.ndarray, t: int, out: n
     s, n = pt.shape
     o0, o1, o2, o3 = out[t], out[t + 1], out[t + 2], out[t + 3]
     for k in range(0, s, 8):
-        q = _rows8(pt, k, 0, n)
-        c0, c1 = _coef8(p[picks[t]], k), _coef8(p[picks[t + 1]], k)
-        c2, c3 = _coef8(p[picks[t + 2]], k), _coef8(p[picks[t + 3]], k)
+        q = rows8(pt, k, 0, n)
+        c0, c1 = coef8(p[picks[t]], k), coef8(p[picks[t + 1]], k)
+        c2, c3 = coef8(p[picks[t + 2]], k), coef8(p[picks[t + 3]], k)
         if k == 0:
             for i in range(n):
                 d0, d1 = _sqdiff8(c0, q, i), _sqdiff8(c1, q, i)
@@ -107,7 +107,7 @@ def _distances4(pt: np.ndarray, p: np.ndarray, picks: np.ndarray, t: int, out: n
                 o3[i] += d3
 
 
-@_jit
+@jit
 def _candidate_distances(pt: np.ndarray, p: np.ndarray, picks: np.ndarray, out: np.ndarray) -> None:
     """out[t] = squared distances of every point of pt (s, n) to the candidate p[picks[t]]."""
     t = 0
@@ -138,7 +138,7 @@ def _potential(closest: np.ndarray, candidate: np.ndarray) -> float:
     return total
 
 
-@_jit
+@jit
 def kmeanspp_groups(
     points: np.ndarray, pt: np.ndarray, num: int, first: np.ndarray, uniforms: np.ndarray
 ) -> np.ndarray:

@@ -1,24 +1,24 @@
-"""Compiled (numba) Lloyd iterations of shared/kmeans.py over the fused assignment of
-shared/kmeans_kernels.py: update every centroid to its points' mean, reassign, stop a group
+"""Compiled (numba) Lloyd iterations of shared/pq/kmeans.py over the fused assignment of
+shared/pq/_kernels.py: update every centroid to its points' mean, reassign, stop a group
 once no label changes; all iterations and groups in one compiled call.
 
-Sequential (same rules as shared/kmeans_kernels.py): the output depends on the input only.
+Sequential (same rules as shared/pq/_kernels.py): the output depends on the input only.
 """
 
 import numpy as np
 
-from shared.kmeans_kernels import (
-    _BLOCK,
-    _BLOCK_FLOATS,
-    _assign_block,
-    _jit,
-    _prepare,
+from shared.pq._kernels import (
+    BLOCK,
+    BLOCK_FLOATS,
+    assign_block,
+    jit,
+    prepare,
 )
 
 __all__ = ["apply_labels", "assign_range", "lloyd_groups", "lloyd_state", "update_centroids"]
 
 
-@_jit
+@jit
 def update_centroids(centroids: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> None:
     """Every centroid (L, s) with points becomes their mean; an empty one stays."""
     for c in range(centroids.shape[0]):
@@ -27,11 +27,11 @@ def update_centroids(centroids: np.ndarray, sums: np.ndarray, counts: np.ndarray
                 centroids[c, k] = np.float32(sums[c, k] / counts[c])
 
 
-# The two halves of an assignment pass: labels for a range of points (shared/kmeans_threads.py
+# The two halves of an assignment pass: labels for a range of points (shared/pq/_threads.py
 # runs several ranges at once, nogil), then the sums moved in point order (one thread).
 
 
-@_jit
+@jit
 def assign_range(
     pt: np.ndarray, centroids: np.ndarray, start: int, stop: int, fresh: np.ndarray
 ) -> None:
@@ -45,20 +45,20 @@ def assign_range(
     num = centroids.shape[0]
     c_sq = np.empty(num, dtype=np.float32)
     scaled = np.empty((num, s), dtype=np.float32)
-    _prepare(centroids, scaled, c_sq)
-    block = max(8, min(_BLOCK, _BLOCK_FLOATS // s // 8 * 8))
+    prepare(centroids, scaled, c_sq)
+    block = max(8, min(BLOCK, BLOCK_FLOATS // s // 8 * 8))
     acc = np.empty((4, block), dtype=np.float32)
     best = np.empty(block, dtype=np.float32)
     spare = np.empty(block, dtype=np.float32)
     label = np.empty(block, dtype=np.int32)
     for first in range(start, stop, block):
         m = min(block, stop - first)
-        _assign_block(pt, first, m, scaled, c_sq, acc, best, spare, label)
+        assign_block(pt, first, m, scaled, c_sq, acc, best, spare, label)
         for i in range(m):
             fresh[first + i] = label[i]
 
 
-@_jit
+@jit
 def apply_labels(
     points: np.ndarray,
     labels: np.ndarray,
@@ -92,7 +92,7 @@ def apply_labels(
     return changed
 
 
-@_jit
+@jit
 def lloyd_step(
     points: np.ndarray,
     pt: np.ndarray,
@@ -127,7 +127,7 @@ def lloyd_step(
     return still
 
 
-@_jit
+@jit
 def lloyd_state(
     points: np.ndarray, centroids: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -144,7 +144,7 @@ def lloyd_state(
     )
 
 
-@_jit
+@jit
 def lloyd_groups(
     points: np.ndarray, pt: np.ndarray, centroids: np.ndarray, iterations: int
 ) -> tuple[np.ndarray, int]:

@@ -28,7 +28,7 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from shared.quantizer import PQConfig
+from shared.pq.quantizer import PQConfig
 from shared.wire import gradients
 from shared.wire.arrays import check_float32, float_bin
 from shared.wire.reader import DEFAULT_LIMITS, CodecError, DecodeLimits, Fields

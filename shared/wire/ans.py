@@ -23,7 +23,7 @@ import numba
 import numpy as np
 from numpy.typing import NDArray
 
-from shared.bitpack import packed_nbytes
+from shared.wire.bitpack import packed_nbytes
 
 __all__ = ["SCALE_BITS", "bin_size", "decode", "encode", "frequencies", "smaller_than_packed"]
 

@@ -12,9 +12,9 @@ simulated in one party pair: every sample belongs to a client (a writer, a speak
 step t samples ``clients_per_step`` clients and ``batch_size`` rows of each, and every client's
 rows form their own chunk, quantized with their own codebook.
 
-The draws are versioned (``RunCreate.schedule_version``): version 2 (``shared.schedule_v2``,
+The draws are versioned (``RunCreate.schedule_version``): version 2 (``shared.schedule.v2``,
 what new runs use) sorts by SHA-256 and is specified in docs/PROTOCOL.md, "Derived values",
-with test vectors in docs/conformance/; version 1 (``shared.schedule_v1``) is numpy's
+with test vectors in docs/conformance/; version 1 (``shared.schedule.v1``) is numpy's
 generator, kept for runs stored before version 2. The digests and step seeds are the same in
 both versions.
 """
@@ -28,7 +28,8 @@ from typing import Protocol
 
 import numpy as np
 
-from shared import schedule_v1, schedule_v2
+from shared.schedule import v1, v2
+from shared.types import DIGEST_BYTES
 
 __all__ = [
     "DIGEST_BYTES",
@@ -45,13 +46,12 @@ __all__ = [
     "step_seed",
 ]
 
-DIGEST_BYTES = 8
 SCHEDULE_VERSION = 2  # what new runs use
 SCHEDULE_VERSIONS = (1, 2)
 
 
 class _Draws(Protocol):
-    """The algorithms one schedule version defines (the modules schedule_v1, schedule_v2)."""
+    """The algorithms one schedule version defines (the modules v1, v2)."""
 
     def eval_count(self, n: int, eval_fraction: float) -> int: ...
     def split_order(self, n: int, seed: int) -> np.ndarray: ...
@@ -61,7 +61,7 @@ class _Draws(Protocol):
     ) -> list[tuple[int, np.ndarray]]: ...
 
 
-_DRAWS: dict[int, _Draws] = {1: schedule_v1, 2: schedule_v2}
+_DRAWS: dict[int, _Draws] = {1: v1, 2: v2}
 
 
 def _draws(version: int) -> _Draws:

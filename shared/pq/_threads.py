@@ -1,6 +1,6 @@
 """Lloyd's iterations on several threads, with the bits of the one-thread loop.
 
-``shared.kmeans_lloyd.lloyd_groups`` runs every iteration of every group in one compiled,
+``shared.pq._lloyd.lloyd_groups`` runs every iteration of every group in one compiled,
 sequential call. With more than one thread (and enough work per pass to pay for the hand-offs)
 ``lloyd_groups_threaded`` runs the same loop compiled with numba's parallel loops: each
 assignment pass of a group is split into contiguous ranges of points that run at once on
@@ -31,8 +31,8 @@ import numba
 import numpy as np
 import torch
 
-from shared.kmeans_kernels import _prepare, assign_groups, assign_points, block_buffers
-from shared.kmeans_lloyd import (
+from shared.pq._kernels import assign_groups, assign_points, block_buffers, prepare
+from shared.pq._lloyd import (
     apply_labels,
     assign_range,
     lloyd_groups,
@@ -87,7 +87,7 @@ def worth_threads(n: int, num_centroids: int, s: int, threads: int) -> bool:
 def lloyd_groups_threaded(
     points: np.ndarray, pt: np.ndarray, centroids: np.ndarray, iterations: int, threads: int
 ) -> tuple[np.ndarray, int]:
-    """``kmeans_lloyd.lloyd_groups`` with each pass split into ``threads`` ranges of points
+    """``_lloyd.lloyd_groups`` with each pass split into ``threads`` ranges of points
     that run on as many threads (at most numba's NUMBA_NUM_THREADS; one where no thread-safe
     threading layer loads); the same labels, centroids (updated in place) and iteration
     count, bit for bit.
@@ -103,7 +103,7 @@ def lloyd_groups_threaded(
 
 
 def assign_groups_threaded(points: np.ndarray, centroids: np.ndarray, threads: int) -> np.ndarray:
-    """``kmeans_kernels.assign_groups`` (points (G, n, s), centroids (G, L, s) float32 ->
+    """``_kernels.assign_groups`` (points (G, n, s), centroids (G, L, s) float32 ->
     labels (G, n) int64) with each group's points split into ``threads`` ranges that run at
     once, from ``FINAL_MIN_POINTS`` points a group: the same labels."""
     if points.shape[1] >= FINAL_MIN_POINTS:
@@ -155,7 +155,7 @@ def _lloyd_in_ranges(
     starts: np.ndarray,
     stops: np.ndarray,
 ) -> tuple[np.ndarray, int]:
-    """``kmeans_lloyd.lloyd_groups``, its assignment passes split into the ranges
+    """``_lloyd.lloyd_groups``, its assignment passes split into the ranges
     starts[r]..stops[r] that run at once; the same control flow, sweep 0 being the first
     assignment (no update before it)."""
     g, n, _ = points.shape
@@ -189,7 +189,7 @@ def _lloyd_in_ranges(
 def _assign_in_ranges(
     points: np.ndarray, centroids: np.ndarray, starts: np.ndarray, stops: np.ndarray
 ) -> np.ndarray:
-    """``kmeans_kernels.assign_groups`` with each group's points split into the ranges
+    """``_kernels.assign_groups`` with each group's points split into the ranges
     starts[r]..stops[r] that run at once, each with scratch buffers of its own."""
     g, n, s = points.shape
     num = centroids.shape[1]
@@ -197,7 +197,7 @@ def _assign_in_ranges(
     scaled = np.empty((num, s), dtype=np.float32)
     c_sq = np.empty(num, dtype=np.float32)
     for group in range(g):
-        _prepare(centroids[group], scaled, c_sq)
+        prepare(centroids[group], scaled, c_sq)
         for r in numba.prange(starts.shape[0]):
             assign_points(
                 points[group], scaled, c_sq, starts[r], stops[r], labels[group], block_buffers(s)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from shared.quantizer import GroupedProductQuantizer, PQConfig
+from shared.pq.quantizer import GroupedProductQuantizer, PQConfig
 
 __all__ = [
     "EXPORT_FORMAT",

@@ -2,7 +2,7 @@
 
 Kept only so that such runs resume bit-identically: these are ``numpy.random.default_rng``
 (PCG64 seeded through SeedSequence) permutations and choices, which another language cannot
-reproduce without reimplementing numpy. New runs use version 2 (``shared.schedule_v2``,
+reproduce without reimplementing numpy. New runs use version 2 (``shared.schedule.v2``,
 docs/PROTOCOL.md, "Derived values"). Every function here is exactly the pre-version code.
 """
 

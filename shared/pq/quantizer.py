@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from shared.kmeans import InitMethod, batched_kmeans
+from shared.pq.kmeans import InitMethod, batched_kmeans
 
 __all__ = ["PQConfig", "PQCode", "GroupedProductQuantizer", "MAX_CENTROIDS", "relative_error"]
 
-# Codewords travel as at most 16-bit integers (see shared/bitpack.py).
+# Codewords travel as at most 16-bit integers (see shared/wire/bitpack.py).
 MAX_CENTROIDS = 1 << 16
 
 # Rows per block when assigning to a fixed codebook: bounds the (rows*q/R, L, s) distance
@@ -41,10 +41,10 @@ class PQConfig:
     # (faiss: 256 L when N is over it); None: all
     max_points_per_centroid: int | None = 256
     # coarse to fine: all but the last 4 iterations on a seeded random half of the training
-    # points where that keeps max(1024, 16 L) per group (shared/kmeans.py); None: plain Lloyd
+    # points where that keeps max(1024, 16 L) per group (shared/pq/kmeans.py); None: plain Lloyd
     coarse_fraction: float | None = 0.5
     # threads one k-means assignment pass may run on; None (default): torch's intra-op setting.
-    # The bytes do not depend on it (shared/kmeans_threads.py)
+    # The bytes do not depend on it (shared/pq/_threads.py)
     threads: int | None = None
 
     def validate(self, d: int) -> None:

@@ -1,8 +1,8 @@
-"""Compiled (numba) kernels of shared/kmeans.py: the fused assignment.
+"""Compiled (numba) kernels of shared/pq/kmeans.py: the fused assignment.
 
-The Lloyd loop over it, and the centroid sums, are shared/kmeans_lloyd.py (its threaded
-variant shared/kmeans_threads.py); subsampling and k-means++ seeding are
-shared/kmeans_seeding.py (all reuse the helpers and compile settings here).
+The Lloyd loop over it, and the centroid sums, are shared/pq/_lloyd.py (its threaded
+variant shared/pq/_threads.py); subsampling and k-means++ seeding are
+shared/pq/_seeding.py (all reuse the helpers and compile settings here).
 
 Why compiled: at the paper's shapes k-means is memory passes and per-call overhead, not
 arithmetic (docs/PERFORMANCE.md). Here one pass over a block of points computes the scores
@@ -10,7 +10,7 @@ of every centroid and keeps the running minimum and its index: no (N, L) score m
 separate argmin pass, no per-call overhead per group (all R groups run in one call).
 
 Determinism: every kernel is sequential (no parallel loops; no fastmath reassociation but for
-the k-means++ potential, shared/kmeans_seeding.py), so its output depends on its input only,
+the k-means++ potential, shared/pq/_seeding.py), so its output depends on its input only,
 never on the thread count. Floats are summed in a fixed order; the centroid sums are
 float64, updated incrementally, in point order, by the points that changed label.
 
@@ -49,16 +49,16 @@ from numba.extending import intrinsic  # noqa: E402
 __all__ = ["assign_groups", "assign_points", "block_buffers", "transpose_groups"]
 
 # Points per block of the assignment: the block's transposed points (s x block floats, at
-# most _BLOCK_FLOATS = 128 KiB), its running minima and labels stay in the L2 cache (512 KiB
+# most BLOCK_FLOATS = 128 KiB), its running minima and labels stay in the L2 cache (512 KiB
 # per core here; its four score rows in L1) while every centroid passes over them. Measured:
 # 512 points beat 256 by 10-15 % at s = 32 and 64, and 1024 gains nothing.
-_BLOCK = 512
-_BLOCK_FLOATS = 32768
+BLOCK = 512
+BLOCK_FLOATS = 32768
 
 # float32, so that the products stay float32 (a Python -2.0 would promote them to float64)
 _MINUS_TWO = np.float32(-2.0)
 
-_jit = numba.njit(cache=True, nogil=True, boundscheck=False, fastmath={"contract"})
+jit = numba.njit(cache=True, nogil=True, boundscheck=False, fastmath={"contract"})
 
 
 def _realign_frame(typingctx: Any) -> Any:
@@ -87,7 +87,7 @@ def _realign_frame(typingctx: Any) -> Any:
 _aligned_frame: Any = intrinsic(_realign_frame)
 
 
-@_jit
+@jit
 def transpose_groups(points: np.ndarray) -> np.ndarray:
     """(G, n, s) -> (G, s, n) float32, 64 points at a time: each block's rows stay in L1
     while its columns are written out (2-4x faster than numpy's strided copy here)."""
@@ -103,8 +103,8 @@ def transpose_groups(points: np.ndarray) -> np.ndarray:
     return out
 
 
-@_jit
-def _rows8(pt: np.ndarray, k: int, start: int, m: int) -> tuple[np.ndarray, ...]:
+@jit
+def rows8(pt: np.ndarray, k: int, start: int, m: int) -> tuple[np.ndarray, ...]:
     """Dimensions k..k+7 of points start..start+m of pt (s, n), as 8 contiguous rows.
 
     Inner loops index these from 0: an index like ``start + i`` makes numba check for
@@ -118,14 +118,14 @@ def _rows8(pt: np.ndarray, k: int, start: int, m: int) -> tuple[np.ndarray, ...]
     )  # fmt: skip
 
 
-@_jit
-def _coef8(w: np.ndarray, k: int) -> tuple[float, ...]:
+@jit
+def coef8(w: np.ndarray, k: int) -> tuple[float, ...]:
     """w[k:k+8] as scalars: hoisted out of the inner loops, which store to float32 arrays
     that the compiler cannot prove distinct from w."""
     return (w[k], w[k + 1], w[k + 2], w[k + 3], w[k + 4], w[k + 5], w[k + 6], w[k + 7])
 
 
-@_jit
+@jit
 def _dot8(a: tuple[float, ...], q: tuple[np.ndarray, ...], i: int) -> Any:
     """sum_j a[j] * q[j][i] over 8 dimensions, in float32, in a fixed order."""
     return ((a[0] * q[0][i] + a[1] * q[1][i]) + (a[2] * q[2][i] + a[3] * q[3][i])) + (
@@ -133,14 +133,14 @@ def _dot8(a: tuple[float, ...], q: tuple[np.ndarray, ...], i: int) -> Any:
     )
 
 
-@_jit
+@jit
 def _nearer(score: float, c: int, old: float, old_c: int) -> tuple[Any, Any]:
     """(score, c) if score < old else (old, old_c): ties keep the lower index."""
     closer = score < old
     return (score if closer else old), (np.int32(c) if closer else old_c)
 
 
-@_jit
+@jit
 def _nearest4(
     sa: float, sb: float, sc: float, sd: float, c: int, old: float, old_c: int
 ) -> tuple[Any, Any]:
@@ -151,7 +151,7 @@ def _nearest4(
     return _nearer(sd, c + 3, near, index)
 
 
-@_jit
+@jit
 def _scores4(
     pt: np.ndarray,
     start: int,
@@ -173,9 +173,9 @@ def _scores4(
     for i in range(m):
         a0[i], a1[i], a2[i], a3[i] = c_sq[c], c_sq[c + 1], c_sq[c + 2], c_sq[c + 3]
     for k in range(0, s, 8):
-        q = _rows8(pt, k, start, m)
-        w0, w1 = _coef8(scaled[c], k), _coef8(scaled[c + 1], k)
-        w2, w3 = _coef8(scaled[c + 2], k), _coef8(scaled[c + 3], k)
+        q = rows8(pt, k, start, m)
+        w0, w1 = coef8(scaled[c], k), coef8(scaled[c + 1], k)
+        w2, w3 = coef8(scaled[c + 2], k), coef8(scaled[c + 3], k)
         for i in range(m):
             # every load of q before any store to acc: no reload for a possible alias
             d0, d1 = _dot8(w0, q, i), _dot8(w1, q, i)
@@ -186,7 +186,7 @@ def _scores4(
             a3[i] += d3
 
 
-@_jit
+@jit
 def _leading_s8(
     pt: np.ndarray,
     start: int,
@@ -202,11 +202,11 @@ def _leading_s8(
     _aligned_frame()
     num = scaled.shape[0]
     c = 0
-    q = _rows8(pt, 0, start, m)
+    q = rows8(pt, 0, start, m)
     while c + 4 <= num:
         best, spare = spare, best
-        w0, w1 = _coef8(scaled[c], 0), _coef8(scaled[c + 1], 0)
-        w2, w3 = _coef8(scaled[c + 2], 0), _coef8(scaled[c + 3], 0)
+        w0, w1 = coef8(scaled[c], 0), coef8(scaled[c + 1], 0)
+        w2, w3 = coef8(scaled[c + 2], 0), coef8(scaled[c + 3], 0)
         b0, b1, b2, b3 = c_sq[c], c_sq[c + 1], c_sq[c + 2], c_sq[c + 3]
         for i in range(m):
             best[i], label[i] = _nearest4(
@@ -216,7 +216,7 @@ def _leading_s8(
         c += 4
     if c + 2 <= num:  # L = 2: two centroids in one pass
         best, spare = spare, best
-        w0, w1 = _coef8(scaled[c], 0), _coef8(scaled[c + 1], 0)
+        w0, w1 = coef8(scaled[c], 0), coef8(scaled[c + 1], 0)
         b0, b1 = c_sq[c], c_sq[c + 1]
         for i in range(m):
             near, index = _nearer(b0 + _dot8(w0, q, i), c, spare[i], label[i])
@@ -225,7 +225,7 @@ def _leading_s8(
     return c, best, spare
 
 
-@_jit
+@jit
 def _leading_by4(
     pt: np.ndarray,
     start: int,
@@ -250,8 +250,8 @@ def _leading_by4(
     return c, best, spare
 
 
-@_jit
-def _assign_block(
+@jit
+def assign_block(
     pt: np.ndarray,
     start: int,
     m: int,
@@ -291,7 +291,7 @@ def _assign_block(
             first[i] = c_sq[c]
         if s % 8 == 0:
             for k in range(0, s, 8):
-                q, w = _rows8(pt, k, start, m), _coef8(scaled[c], k)
+                q, w = rows8(pt, k, start, m), coef8(scaled[c], k)
                 for i in range(m):
                     first[i] += _dot8(w, q, i)
         else:
@@ -304,8 +304,8 @@ def _assign_block(
         c += 1
 
 
-@_jit
-def _prepare(centroids: np.ndarray, scaled: np.ndarray, c_sq: np.ndarray) -> None:
+@jit
+def prepare(centroids: np.ndarray, scaled: np.ndarray, c_sq: np.ndarray) -> None:
     """scaled (L, s) = -2 * centroids and c_sq (L,) = ||c||^2 (float32, dimension order)."""
     for c in range(centroids.shape[0]):
         total = np.float32(0.0)
@@ -315,11 +315,11 @@ def _prepare(centroids: np.ndarray, scaled: np.ndarray, c_sq: np.ndarray) -> Non
         c_sq[c] = total
 
 
-@_jit
+@jit
 def block_buffers(s: int) -> tuple[np.ndarray, ...]:
     """Scratch of :func:`assign_points` for points of s dimensions: (scratch (s, block), acc
     (4, block), best, spare (block,) float32, label (block,) int32)."""
-    block = max(8, min(_BLOCK, _BLOCK_FLOATS // s // 8 * 8))
+    block = max(8, min(BLOCK, BLOCK_FLOATS // s // 8 * 8))
     return (
         np.empty((s, block), dtype=np.float32),
         np.empty((4, block), dtype=np.float32),
@@ -329,7 +329,7 @@ def block_buffers(s: int) -> tuple[np.ndarray, ...]:
     )
 
 
-@_jit
+@jit
 def assign_points(
     points: np.ndarray,
     scaled: np.ndarray,
@@ -341,7 +341,7 @@ def assign_points(
 ) -> None:
     """labels[start:stop] = nearest centroid of points start..stop of one group.
 
-    points (n, s) float32 row-major; scaled (L, s) and c_sq (L,) from :func:`_prepare`; labels
+    points (n, s) float32 row-major; scaled (L, s) and c_sq (L,) from :func:`prepare`; labels
     (n,) int64; buffers from :func:`block_buffers`. Each block of points is transposed into
     a scratch buffer that stays in cache, rather than the whole array first (one pass over
     all points: the copy would cost as much as the assignment at L = 2). A point's label
@@ -356,12 +356,12 @@ def assign_points(
             column, row = points[first : first + m, k], scratch[k]
             for i in range(m):
                 row[i] = column[i]
-        _assign_block(scratch, 0, m, scaled, c_sq, acc, best, spare, label)
+        assign_block(scratch, 0, m, scaled, c_sq, acc, best, spare, label)
         for i in range(m):
             labels[first + i] = label[i]
 
 
-@_jit
+@jit
 def assign_groups(points: np.ndarray, centroids: np.ndarray) -> np.ndarray:
     """Nearest centroid of every point: points (G, n, s), centroids (G, L, s) float32 ->
     (G, n) int64 (:func:`assign_points` on every group)."""
@@ -372,6 +372,6 @@ def assign_groups(points: np.ndarray, centroids: np.ndarray) -> np.ndarray:
     c_sq = np.empty(num, dtype=np.float32)
     buffers = block_buffers(s)
     for group in range(g):
-        _prepare(centroids[group], scaled, c_sq)
+        prepare(centroids[group], scaled, c_sq)
         assign_points(points[group], scaled, c_sq, 0, n, labels[group], buffers)
     return labels

@@ -2,13 +2,13 @@
 
 The grouped product quantizer clusters R groups of subvectors per batch; every step here works
 on a (G, N, s) array: G groups, N points per group, s dimensions per point, and all G groups
-run in one call of a compiled kernel (shared/kmeans_kernels.py), with no Python loop over them.
+run in one call of a compiled kernel (shared/pq/_kernels.py), with no Python loop over them.
 
 Behaviour that callers can rely on:
 
 * Deterministic: the same points, L and seed give bit-identical output, on any number of
   threads: with several, each assignment pass is split into ranges of points that run at
-  once, and the centroid sums are still updated in point order (shared/kmeans_threads.py).
+  once, and the centroid sums are still updated in point order (shared/pq/_threads.py).
 * Init is greedy k-means++ (Arthur & Vassilvitskii, 2007; as scikit-learn's: the best of
   2 + ln L candidates per centroid) on a seeded random subsample of at most
   max(1024, 16 L) points per group.
@@ -26,7 +26,7 @@ Behaviour that callers can rely on:
 
 Where the time goes (docs/PERFORMANCE.md): one fused pass per iteration computes each block of
 points' scores ||c||^2 - 2 c.p against every centroid and keeps the running minimum (on
-several threads when the pass is large, shared/kmeans_threads.py); then only the points whose
+several threads when the pass is large, shared/pq/_threads.py); then only the points whose
 label changed move between float64 centroid sums.
 """
 
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from shared import kmeans_kernels, kmeans_lloyd, kmeans_seeding, kmeans_threads
+from shared.pq import _kernels, _lloyd, _seeding, _threads
 
 __all__ = ["KMeansResult", "assign", "batched_kmeans", "squared_distances"]
 
@@ -103,7 +103,7 @@ def assign(points: Tensor, centroids: Tensor) -> Tensor:
     """
     p = _as_points(points)
     c = np.ascontiguousarray(centroids.detach().to(torch.float32).numpy())
-    return torch.from_numpy(kmeans_kernels.assign_groups(p, c))
+    return torch.from_numpy(_kernels.assign_groups(p, c))
 
 
 def _as_points(points: Tensor) -> np.ndarray:
@@ -113,13 +113,13 @@ def _as_points(points: Tensor) -> np.ndarray:
 
 def _transposed(points: np.ndarray) -> np.ndarray:
     """(G, N, s) -> (G, s, N) contiguous: the layout the kernels' inner loops run along."""
-    return kmeans_kernels.transpose_groups(points)
+    return _kernels.transpose_groups(points)
 
 
 def _subsample(points: np.ndarray, keep: int, rng: np.random.Generator) -> np.ndarray:
     """A seeded random subset of ``keep`` points per group, in their original order:
     (G, N, s) -> (G, keep, s) contiguous."""
-    return kmeans_seeding.subsample_groups(points, rng.random((points.shape[0], keep)))
+    return _seeding.subsample_groups(points, rng.random((points.shape[0], keep)))
 
 
 def _kmeanspp_init(points: np.ndarray, num_centroids: int, rng: np.random.Generator) -> np.ndarray:
@@ -132,7 +132,7 @@ def _kmeanspp_init(points: np.ndarray, num_centroids: int, rng: np.random.Genera
     first = np.asarray(rng.integers(n, size=g))
     uniforms = rng.random((g, num_centroids, trials))
     transposed = _transposed(points)
-    return kmeans_seeding.kmeanspp_groups(points, transposed, num_centroids, first, uniforms)
+    return _seeding.kmeanspp_groups(points, transposed, num_centroids, first, uniforms)
 
 
 def _random_init(points: np.ndarray, num_centroids: int, rng: np.random.Generator) -> np.ndarray:
@@ -144,7 +144,7 @@ def _random_init(points: np.ndarray, num_centroids: int, rng: np.random.Generato
     return np.take_along_axis(points, idx[:, :, None], axis=1)
 
 
-def _lloyd(
+def _train(
     train: np.ndarray,
     coarse: np.ndarray | None,
     centroids: np.ndarray,
@@ -166,13 +166,13 @@ def _lloyd_on(
     points: np.ndarray, centroids: np.ndarray, iterations: int, threads: int
 ) -> tuple[np.ndarray, int]:
     """Lloyd's iterations on ``threads`` threads where a pass has the work to pay for them,
-    on one otherwise: the same bits either way (shared/kmeans_threads.py)."""
+    on one otherwise: the same bits either way (shared/pq/_threads.py)."""
     g, n, s = points.shape
-    if kmeans_threads.worth_threads(n, centroids.shape[1], s, threads):
-        return kmeans_threads.lloyd_groups_threaded(
+    if _threads.worth_threads(n, centroids.shape[1], s, threads):
+        return _threads.lloyd_groups_threaded(
             points, _transposed(points), centroids, iterations, threads
         )
-    return kmeans_lloyd.lloyd_groups(points, _transposed(points), centroids, iterations)
+    return _lloyd.lloyd_groups(points, _transposed(points), centroids, iterations)
 
 
 def _coarse_points(
@@ -276,9 +276,9 @@ def batched_kmeans(
         centroids = _random_init(train, num_centroids, rng)
     centroids = np.ascontiguousarray(centroids, dtype=np.float32)
     coarse = _coarse_points(train, num_centroids, iterations, coarse_fraction, rng)
-    labels, ran = _lloyd(train, coarse, centroids, iterations, workers)
+    labels, ran = _train(train, coarse, centroids, iterations, workers)
     if train is not data:
-        labels = kmeans_threads.assign_groups_threaded(data, centroids, workers)
+        labels = _threads.assign_groups_threaded(data, centroids, workers)
     return KMeansResult(
         centroids=torch.from_numpy(centroids), assignments=torch.from_numpy(labels), iterations=ran
     )
