@@ -32,7 +32,7 @@ def party_b_server(
 ) -> Iterator[str]:
     """``fedlite-b serve`` on 127.0.0.1 with TOKEN (and the glibc malloc settings of
     docs/PERFORMANCE.md unless ``malloc_tuning`` is off); yields its URL."""
-    from party_b.launch import MALLOC_TUNING, local_party_b  # here: benchmarks import no party
+    from party_b.ops.launch import MALLOC_TUNING, local_party_b  # here: benchmarks import no party
 
     extra = ["--torch-threads", str(torch_threads)] if torch_threads else []
     env = MALLOC_TUNING if malloc_tuning else {}

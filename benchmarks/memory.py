@@ -80,11 +80,11 @@ def party_a_child(url: str, features: Path, steps: int, state: Path) -> dict[str
     """Runs in the child: train, then report peak RSS and the needed bytes, item by item."""
     import torch
 
-    from party_a.client import HttpTransport
     from party_a.config import load_config
     from party_a.features import load_features
-    from party_a.state import LocalStore
+    from party_a.store import LocalStore
     from party_a.trainer import PartyATrainer
+    from party_a.transport.http import HttpTransport
     from shared.pq import GroupedProductQuantizer, PQConfig
 
     after_imports = _status_kib("self", "VmHWM")

@@ -12,14 +12,14 @@ run from no run: the accuracy of the best threshold on the latency (0.5 = no inf
 the outside test that found the leak measured 0.68), next to the same estimate between two
 halves of the unknown ids (above 0.5 by chance alone: the best of many thresholds).
 
-``--in-process`` times the same calls on ``RunService`` in this process instead (the path
+``--in-process`` times the same calls on ``Service`` in this process instead (the path
 through party B without HTTP and its noise: what a difference in the path costs).
 
     python -m benchmarks.run_ids [--requests 400] [--in-process] [--server-root DIR]
 
 ``--server-root`` runs the party B of another checkout (e.g. an export of main) to measure
 it the same way over HTTP. The script imports party B only inside its functions (and uses
-only ``RunService``'s constructor, ``create_run``, ``align``, ``step`` and ``evaluate``), so
+only ``Service``'s constructor, ``create_run``, ``align``, ``step`` and ``evaluate``), so
 a copy of it runs in an older checkout as well.
 """
 
@@ -109,11 +109,11 @@ def over_http(url: str, ids: list[str], requests: int, seed: int) -> dict[str, A
 
 
 def in_process(table: Path, requests: int, seed: int) -> dict[str, Any]:
-    """The same requests as calls of party B's RunService in this process."""
+    """The same requests as calls of party B's Service in this process."""
     from party_b import auth
     from party_b.labels import load_label_table
     from party_b.metrics import Metrics
-    from party_b.service import Caller, RunService
+    from party_b.service import Caller, build_service
     from party_b.settings import Limits
     from party_b.store import make_engine, make_session_factory
 
@@ -127,16 +127,18 @@ def in_process(table: Path, requests: int, seed: int) -> dict[str, Any]:
             callers.append(Caller(token_id=row.id, name=row.name))
     owner, stranger = callers
     labels = load_label_table(table, id_column="id", label_column="y", feature_columns=None)
-    service = RunService(sessions=sessions, labels=labels, limits=Limits(), metrics=Metrics())
+    service = build_service(sessions=sessions, labels=labels, limits=Limits(), metrics=Metrics())
     scenario = SCENARIOS["femnist-fedlite"]
     made = []
     for name in ("loaded", "unloaded"):
         spec = scenario.run_create(name, steps=100, seed=0)
-        run = service.create_run(owner, spec)
-        answer = service.align(owner, run.id, hashed_ids(run.alignment_key, read_ids(table)))
+        run = service.runs.create(owner, spec)
+        answer = service.alignment.align(
+            owner, run.id, hashed_ids(run.alignment_key, read_ids(table))
+        )
         made.append((run.id, StepSchedule(scenario, spec, answer.intersection)))
     (loaded, schedule), (unloaded, _) = made
-    service.step(owner, loaded, schedule.body(1))
+    service.steps.step(owner, loaded, schedule.body(1))
     step, evaluate = (
         schedule.body(2),
         codec.encode_evaluate_request(
@@ -146,7 +148,7 @@ def in_process(table: Path, requests: int, seed: int) -> dict[str, Any]:
     times: dict[tuple[str, str], list[float]] = {}
     for route, target in _plan(requests, seed):
         run_id = {"loaded": loaded, "unloaded": unloaded}.get(target) or uuid.uuid4().hex
-        call = service.step if route == "steps" else service.evaluate
+        call = service.steps.step if route == "steps" else service.serving.evaluate
         body = step if route == "steps" else evaluate
         started = time.perf_counter()
         try:
@@ -190,7 +192,7 @@ def _report(times: dict[tuple[str, str], list[float]]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=400, help="per route and target")
-    parser.add_argument("--in-process", action="store_true", help="RunService, no HTTP")
+    parser.add_argument("--in-process", action="store_true", help="Service, no HTTP")
     parser.add_argument("--server-root", type=Path, help="run this checkout's party B")
     parser.add_argument("--label", default="this checkout")
     parser.add_argument("--seed", type=int, default=0)
@@ -203,7 +205,7 @@ def main() -> None:
         if args.in_process:
             result = in_process(table, args.requests, args.seed)
         else:
-            from party_b.launch import local_party_b
+            from party_b.ops.launch import local_party_b
 
             tokens = {"owner": OWNER, "stranger": STRANGER}
             with local_party_b(Path(tmp) / "b", table, tokens, cwd=args.server_root) as url:

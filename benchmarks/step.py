@@ -1,7 +1,7 @@
 """One training step at the FEMNIST shape, broken down, in process and over HTTP.
 
 Party A here is the product's ``BottomTrainer`` (FEMNIST CNN bottom, B=20, d=9216) on real
-FEMNIST images; party B is the product's ``RunService``, called directly (in process, through
+FEMNIST images; party B is the product's ``Service``, called directly (in process, through
 ``party_b.inprocess.InProcessTransport``) or behind ``fedlite-b serve`` on 127.0.0.1 (over
 HTTP, ``HttpTransport``). Four sessions train side by side, interleaved in blocks of steps
 so that they share the noise of a shared machine: {FedLite q=1152 L=2, SplitFed raw} x
@@ -39,8 +39,9 @@ from benchmarks.common import (
     write_result,
 )
 from party_a.bottom import BottomTrainer
-from party_a.client import HttpTransport, Transport
 from party_a.errors import problem_from_body
+from party_a.transport import Transport
+from party_a.transport.http import HttpTransport
 from party_b.inprocess import InProcessTransport, in_process_party_b
 from party_b.labels import load_label_table
 from shared import codec
@@ -248,7 +249,7 @@ def main() -> None:
             http = HttpTransport(url, TOKEN)
             local = InProcessTransport(service, caller, problem=problem_from_body)
             local.step_log = lambda run_id: [  # type: ignore[attr-defined]
-                r.model_dump() for r in service.step_log(caller, run_id, 0, 100_000)
+                r.model_dump() for r in service.runs.step_log(caller, run_id, 0, 100_000)
             ]
             sessions = [
                 Session(

@@ -4,9 +4,9 @@ its own in-process throughput with the same concurrency (the 80 % target).
 Over HTTP: ``python -m loadtests.run`` starts ``fedlite-b serve`` on 127.0.0.1 and runs locust
 headless; steps/s is party B's own count of applied steps (``/metrics``) over a window that
 starts after run creation and alignment, p50/p99 and failures are locust's for the step
-requests. In process: the same ``RunService`` in this process, one thread per run, each doing
+requests. In process: the same ``Service`` in this process, one thread per run, each doing
 what a locust user does per step (build the request with the product's schedule and codec,
-call ``RunService.step``, decode the gradient and check its shape), counted over the same
+call ``Service.step``, decode the gradient and check its shape), counted over the same
 kind of window. Both sides therefore spend the same client work; the difference is HTTP.
 
     python -m benchmarks.throughput [--scenario femnist-fedlite] [--users 1,4,16]
@@ -32,7 +32,7 @@ from shared import codec
 
 
 def in_process(scenario_name: str, users: int, warmup: float, window: float) -> dict[str, Any]:
-    """Steps/s of an in-process RunService driven by ``users`` threads, one run each."""
+    """Steps/s of an in-process Service driven by ``users`` threads, one run each."""
     scenario = SCENARIOS[scenario_name]
     with tempfile.TemporaryDirectory(prefix="fedlite-tp-") as tmp:
         table = write_label_table(Path(tmp) / "labels.csv")
@@ -43,8 +43,8 @@ def in_process(scenario_name: str, users: int, warmup: float, window: float) -> 
         schedules = []
         for i in range(users):
             spec = scenario.run_create(f"inproc-{i}", steps=1_000_000, seed=0)
-            run = service.create_run(caller, spec)
-            answer = service.align(caller, run.id, hashed_ids(run.alignment_key, ids))
+            run = service.runs.create(caller, spec)
+            answer = service.alignment.align(caller, run.id, hashed_ids(run.alignment_key, ids))
             schedules.append((run.id, StepSchedule(scenario, spec, answer.intersection)))
         counts = [0] * users
         latencies: list[list[float]] = [[] for _ in range(users)]
@@ -58,7 +58,7 @@ def in_process(scenario_name: str, users: int, warmup: float, window: float) -> 
                 step += 1
                 started = time.perf_counter()
                 answer = codec.decode_step_response(
-                    service.step(caller, run_id, schedule.body(step))
+                    service.steps.step(caller, run_id, schedule.body(step))
                 )
                 if answer.grad.shape != (scenario.batch, scenario.cut_dim):
                     raise AssertionError(f"gradient of shape {answer.grad.shape}")

@@ -30,7 +30,7 @@ from typing import Any
 
 from benchmarks import netns
 from benchmarks.common import ROOT, versions, write_result
-from party_b.launch import child_process
+from party_b.ops.launch import child_process
 
 SCENARIOS = [(100.0, 10.0), (20.0, 40.0)]  # (Mbit/s, RTT ms)
 PORT_B, PORT_PROXY = 8000, 9000
@@ -86,10 +86,10 @@ def party_a(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
     from experiments.runner import RunConfig
     from experiments.tasks import load_task
-    from party_a.client import HttpTransport
     from party_a.config import load_config
-    from party_a.state import LocalStore
+    from party_a.store import LocalStore
     from party_a.trainer import PartyATrainer
+    from party_a.transport.http import HttpTransport
     from shared.models import cut_dim
 
     torch.set_num_threads(1)
@@ -180,7 +180,7 @@ def _task_runs(
         "FEDLITE_B_STEP_HOLD_SECONDS": str(HOLD_SECONDS),
     }
     serve = _python(
-        "party_b.cli", "serve", "--host", link.addr_b, "--port", str(PORT_B),
+        "party_b.ops.cli", "serve", "--host", link.addr_b, "--port", str(PORT_B),
         "--data-dir", str(work / f"b-{task}"), "--tokens", f"wan:{TOKEN}",
         "--label-source", "experiments.tasks:label_source_from_env",
         "--torch-threads", "1", "--log-level", "warning",

@@ -1,6 +1,6 @@
 """Both parties from Python, as a notebook would use them (``python examples/notebook.py``).
 
-Party B serves in a thread of this process over real HTTP (``party_b.background``); party A
+Party B serves in a thread of this process over real HTTP (``party_b.ops.background``); party A
 connects to it with ``party_a.api.connect`` and trains, evaluates, predicts and finishes: the
 five lines in the middle are all a notebook needs once party B is running somewhere. The data
 is scikit-learn's breast-cancer set split between the parties, as in ``make demo``.
@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from party_a.api import connect
-from party_b.background import serve_in_thread
+from party_b.ops.background import serve_in_thread
 from shared.demo_data import write_party_a_demo, write_party_b_demo
 
 HERE = Path(__file__).resolve().parent

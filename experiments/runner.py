@@ -1,9 +1,9 @@
 """One training run through the product's own two parties, recorded as a JSON-able dict.
 
 Party A is ``party_a.trainer.PartyATrainer`` with its local SQLite store; party B is
-``party_b.service.RunService`` on its own SQLite file, reached either in-process
+``party_b.service.Service`` on its own SQLite file, reached either in-process
 (``party_b.inprocess.InProcessTransport``) or over real HTTP (``fedlite-b serve`` in a
-subprocess, ``party_a.client.HttpTransport``). No step is re-implemented here: this module
+subprocess, ``party_a.transport.http.HttpTransport``). No step is re-implemented here: this module
 only builds the config, evaluates every ``eval_every`` steps and counts bits.
 
 A run is described by a flat dict (see ``RunConfig``), stored verbatim with its results.
@@ -28,13 +28,14 @@ import torch
 
 from experiments.tasks import TASK_ENV, TaskData, load_task
 from party_a.bottom import StepResult
-from party_a.client import HttpTransport, Transport
 from party_a.config import load_config
 from party_a.errors import problem_from_body
-from party_a.state import LocalStore
+from party_a.store import LocalStore
 from party_a.trainer import PartyATrainer, TrainSummary
+from party_a.transport import Transport
+from party_a.transport.http import HttpTransport
 from party_b.inprocess import InProcessTransport, in_process_party_b
-from party_b.launch import child_process, free_port, wait_until_healthy
+from party_b.ops.launch import child_process, free_port, wait_until_healthy
 from party_b.settings import Limits
 from shared.accounting import PAPER_PHI, paper_message_bits, pq_step_request_bytes
 from shared.models import build_bottom, cut_dim
@@ -82,7 +83,7 @@ class RunConfig:
     downlink: str | None = None  # party B's gradient representation (None: float32)
     codebook_dtype: str = "float32"  # uplink codebooks on the wire ("float16" halves them)
     codewords: str = "packed"  # uplink codewords: "packed", or "ans" (rANS where smaller)
-    pipeline_depth: int = 1  # party A's steps in flight (party_a.pipeline)
+    pipeline_depth: int = 1  # party A's steps in flight (party_a.loop)
 
     @property
     def key(self) -> str:
@@ -201,7 +202,7 @@ def http_party_b(config: RunConfig, workdir: Path) -> Iterator[str]:
         "FEDLITE_B_LIMIT_MAX_ALIGNED_IDS": str(EXPERIMENT_LIMITS.max_aligned_ids),
     }
     cmd = [
-        sys.executable, "-m", "party_b.cli", "serve",
+        sys.executable, "-m", "party_b.ops.cli", "serve",
         "--port", str(port),
         "--data-dir", str(workdir / "party_b"),
         "--label-source", "experiments.tasks:label_source_from_env",

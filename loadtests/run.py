@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from loadtests.scenarios import DEFAULT_IDS, SCENARIOS, write_label_table
-from party_b.launch import MALLOC_TUNING, local_party_b
+from party_b.ops.launch import MALLOC_TUNING, local_party_b
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"

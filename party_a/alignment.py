@@ -1,19 +1,26 @@
 """Party A's side of sample alignment: a private set intersection with party B, cached.
 
 ``fedlite-a align`` runs it on its own; ``fedlite-a train`` runs it first (through the same
-function) and then aligns its run on the result. The intersection is kept in party A's state
-under the pair (content hash of party A's ids, party B's dataset version), so every run and
-job on the same two data sets reuses it: only a changed id set on either side starts a new
-PSI. See ``shared.psi`` for the protocol and what it reveals.
+function) and then aligns its run on the result (``align_run``: party B sees HMACs of the
+common ids only, and the run's samples are located in party A's feature table). The
+intersection is kept in party A's state under the pair (content hash of party A's ids, party
+B's dataset version), so every run and job on the same two data sets reuses it: only a changed
+id set on either side starts a new PSI. See ``shared.psi`` for the protocol and what it reveals.
 """
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from party_a.client import Transport
-from party_a.errors import ProtocolError
-from party_a.state import LocalStore, PsiResult
+import numpy as np
+
+from api_schemas import AlignmentIn, AlignmentOut
+from party_a.errors import ConfigError, ProtocolError
+from party_a.features import FeatureTable, FeatureTransform
+from party_a.store import LocalRun, LocalStore, PsiResult, RunServing
+from party_a.transport import Transport
+from shared.alignment import hmac_ids, order_by_raw_id
 from shared.codec import CodecError
 from shared.psi import (
     PSI_PROTOCOL,
@@ -25,7 +32,13 @@ from shared.psi import (
     encode_psi_request,
 )
 
-__all__ = ["private_intersection"]
+__all__ = [
+    "AlignedData",
+    "align_run",
+    "known_intersection",
+    "private_intersection",
+    "run_transform",
+]
 
 log = logging.getLogger("fedlite.party_a")
 
@@ -86,3 +99,128 @@ def private_intersection(
         seconds,
     )
     return result, False
+
+
+def known_intersection(
+    ids: Sequence[str], *, transport: Transport, store: LocalStore, server: str
+) -> PsiResult:
+    """The newest intersection of this id set with party B that party A's state holds, without
+    asking party B; a first PSI when there is none. For serving: a stale cache only lets ids
+    travel that party B once held, and party B refuses those it no longer holds."""
+    cached = store.newest_psi(server, dataset_digest(ids))
+    if cached is not None:
+        return cached
+    return private_intersection(ids, transport=transport, store=store, server=server)[0]
+
+
+@dataclass
+class AlignedData:
+    """A run's samples as aligned with party B, in party A's feature table.
+
+    ``aligned`` lists the run's hashed ids (32 bytes each) in the agreed order; ``rows[i]`` is
+    the feature-table row of ``aligned[i]`` (empty when serving from a table without the
+    training rows); ``train_pos`` / ``eval_pos`` are positions into ``aligned``; ``x`` is the
+    whole table through the run's ``transform`` (rows, features) float32.
+    """
+
+    aligned: list[bytes]
+    rows: np.ndarray
+    train_pos: np.ndarray
+    eval_pos: np.ndarray
+    x: np.ndarray
+    transform: FeatureTransform
+
+    def inputs(self, positions: np.ndarray | Sequence[int]) -> np.ndarray:
+        """The transformed feature rows of these aligned positions."""
+        rows: np.ndarray = self.x[self.rows[positions]]
+        return rows
+
+
+def align_run(
+    local: LocalRun,
+    *,
+    features: FeatureTable,
+    transport: Transport,
+    store: LocalStore,
+    server: str,
+    split: Callable[[int], tuple[np.ndarray, np.ndarray]],
+    serving: bool = False,
+) -> tuple[AlignedData, AlignmentOut | None]:
+    """Align ``local`` on the PSI intersection (once; party B sees HMACs of those ids only)
+    and locate its samples in ``features``. ``split(n)`` gives the run's train and eval
+    positions. Returns the data and party B's alignment answer when this call aligned."""
+    key = bytes.fromhex(local.alignment_key)
+    keys = hmac_ids(key, features.ids)
+    answer = None
+    if local.aligned_ids is None:
+        answer = _align_at_party_b(local, features, keys, transport, store, server)
+    blob = local.aligned_ids
+    assert blob is not None
+    aligned = [blob[i : i + 32] for i in range(0, len(blob), 32)]
+    row_of = {k: row for row, k in enumerate(keys)}
+    missing = [k for k in aligned if k not in row_of]
+    if missing and not serving:
+        raise ConfigError(f"{len(missing)} aligned ids are not in the feature table any more")
+    rows = np.array([row_of[k] for k in aligned] if not missing else [], dtype=np.int64)
+    train_pos, eval_pos = split(len(aligned))
+    train_rows = rows[train_pos] if not missing else None
+    transform = run_transform(store, local.id, features, train_rows)
+    data = AlignedData(aligned, rows, train_pos, eval_pos, transform.apply(features), transform)
+    return data, answer
+
+
+def _align_at_party_b(
+    local: LocalRun,
+    features: FeatureTable,
+    keys: list[bytes],
+    transport: Transport,
+    store: LocalStore,
+    server: str,
+) -> AlignmentOut:
+    key = bytes.fromhex(local.alignment_key)
+    psi, cached = private_intersection(
+        features.ids, transport=transport, store=store, server=server
+    )
+    offered = hmac_ids(key, psi.intersection)
+    if not offered:
+        raise ConfigError("party A and party B hold no sample id in common")
+    request = AlignmentIn(hashed_ids=[k.hex() for k in offered])
+    answer = transport.align(local.remote_id, request.hashed_ids)
+    # what travels is counted: the JSON bodies as HttpTransport sends and receives them,
+    # plus the PSI messages when this run's alignment is the one that ran the PSI
+    traffic = len(request.model_dump_json()) + len(answer.model_dump_json())
+    traffic += 0 if cached else psi.wire_bytes
+    common = {bytes.fromhex(h) for h in answer.intersection}
+    if not common <= set(offered):
+        raise ProtocolError("party B aligned the run on ids party A did not offer")
+    aligned = b"".join(order_by_raw_id(features.ids, keys, common))
+    store.update_run(local.id, alignment_bytes=traffic, aligned_ids=aligned)
+    local.alignment_bytes = traffic
+    local.aligned_ids = aligned
+    log.info("aligned %d samples (%d train, %d eval)", len(common), answer.train, answer.eval)
+    return answer
+
+
+def run_transform(
+    store: LocalStore, run_id: int, features: FeatureTable, train_rows: np.ndarray | None
+) -> FeatureTransform:
+    """The run's transform: the stored one, else fitted on ``train_rows`` of ``features``
+    (feature-table rows of the run's training samples) and stored.
+
+    A run that has checkpoints but no stored transform was begun by a release that z-scored
+    the whole table: it gets that transform back (all rows), so that it resumes, evaluates
+    and serves as it was trained.
+    """
+    entry = store.serving(run_id)
+    if entry is not None:
+        return FeatureTransform.from_json(entry.transform)
+    if store.checkpoint_steps(run_id) and train_rows is not None:
+        train_rows = np.arange(len(features.ids))
+    if train_rows is None:
+        raise ConfigError(
+            "this run has no stored feature transform and the feature table does not hold "
+            "its training rows: run `fedlite-a train` (or evaluate) with the training table"
+        )
+    transform = FeatureTransform.fit(features, train_rows)
+    store.save_serving(RunServing(run_id=run_id, transform=transform.to_json()))
+    return transform

@@ -12,7 +12,7 @@
 on first use, found by ``[run] name`` afterwards) and its ids are aligned. Party A's state (the
 bottom model, checkpoints, the PSI cache) lives in ``state_dir`` exactly as for ``fedlite-a``,
 so the CLI and this API can take turns on one run. To run party B in the same Python process,
-see :func:`party_b.background.serve_in_thread`.
+see :func:`party_b.ops.background.serve_in_thread`.
 """
 
 from collections.abc import Iterator, Mapping
@@ -20,11 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from party_a.client import HttpTransport
 from party_a.config import PartyAConfig, load_config
 from party_a.errors import ConfigError
-from party_a.features import load_features
-from party_a.session import open_state, state_dir_default
+from party_a.session import open_session, open_state, state_dir_default
 from party_a.trainer import PartyATrainer
 
 __all__ = ["connect"]
@@ -62,28 +60,19 @@ def connect(
     else:
         run_config = load_config(Path(config) if config else None, dict(overrides or {}))
     store = open_state(Path(state_dir) if state_dir else state_dir_default(), create=True)
-    transport: HttpTransport | None = None
     try:
-        transport = HttpTransport(
-            server, token, ca_bundle=Path(ca_bundle) if ca_bundle else None, retry_for=retry_for
-        )
-        table = load_features(
-            Path(features),
-            id_column=id_column,
-            feature_columns=run_config.data.feature_columns or None,
-            standardize=run_config.data.standardize,
-            group_column=run_config.data.group_column,
-        )
-        trainer = PartyATrainer(
+        with open_session(
+            server=server,
+            token=token,
             config=run_config,
-            features=table,
-            transport=transport,
+            features=Path(features),
             store=store,
-            server=server.strip().rstrip("/"),
-        )
-        trainer.prepare(create=True)
-        yield trainer
+            create=True,
+            id_column=id_column,
+            ca_bundle=Path(ca_bundle) if ca_bundle else None,
+            retry_for=retry_for,
+        ) as trainer:
+            trainer.prepare(create=True)
+            yield trainer
     finally:
-        if transport is not None:
-            transport.close()
         store.close()

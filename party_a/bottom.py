@@ -40,7 +40,7 @@ class PendingStep:
     z_tilde: Tensor  # (rows, d) exactly what party B will dequantize
     body: bytes  # the encoded request (resent verbatim on retry)
     chunk_sizes: tuple[int, ...]  # activation rows of each chunk of the request
-    # pipelining (party_a.pipeline): the detached copy of the parameters z was computed with;
+    # pipelining (party_a.loop): the detached copy of the parameters z was computed with;
     # None when z's graph leads to the live parameters (one step in flight)
     stashed: dict[str, Tensor] | None = None
 

@@ -88,7 +88,7 @@ class RunSection(_Strict):
     grad_dtype: Literal["float32", "float16"] = "float32"
     # party B's gradient representation; None: RunCreate's default for the cut_dim
     downlink: str | None = None
-    # steps in flight at once (party_a.pipeline): 1 = send a step, wait, apply, as before
+    # steps in flight at once (party_a.loop): 1 = send a step, wait, apply, as before
     pipeline_depth: int = Field(default=1, ge=1, le=16)
 
 

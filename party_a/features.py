@@ -3,7 +3,7 @@
 The table is read as it is (CSV/Parquet, pixel columns for images, or .npz). What the bottom
 model sees is ``FeatureTransform.apply`` of it: the run's columns in the run's order,
 z-scored with statistics of the run's *training rows only*, fitted once when the run is
-aligned and stored with the run (``party_a.state.RunServing``). Evaluation, prediction and
+aligned and stored with the run (``party_a.store.RunServing``). Evaluation, prediction and
 an export apply the stored transform unchanged, so a serving table -- new customers, no
 training rows at all -- gets the very numbers training would have given the same rows.
 """

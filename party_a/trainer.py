@@ -1,16 +1,14 @@
-"""Party A's training session: find or create the run, align ids, train, evaluate, finish.
+"""Party A's run: find or create it at party B, align ids, train, evaluate, finish.
 
-Crash recovery needs no operator. Party A keeps checkpoints at the same steps as party B
-(every ``checkpoint_interval``). Whenever the two disagree about where the run is -- party B
-restarted from an older checkpoint, or party A itself restarted -- party A reads party B's
-applied step and checkpoint list and:
+``PartyATrainer`` holds one run's pieces (config, feature table, bottom model, local store,
+transport) and is the ``StepPort`` the step loop drives (``party_a.loop``): it forwards a
+step's batch, sends it, applies the answer and commits it. Recovery
+(``party_a.recovery``) and inference (``party_a.inference``) are rooms of their own that it
+calls with what they need; neither reads the trainer.
 
-* if party B has applied exactly party A's step: carries on;
-* if party B is one step ahead (it applied a step whose answer was lost): resends that step,
-  which party B answers from its stored response;
-* otherwise: restores the newest checkpoint both sides hold and asks party B to ``resume``
-  from it, then replays. Every step is derived from (seed, step), so the replay is
-  bit-identical and the run ends exactly as an uninterrupted one would.
+Round trips before step 1: one (the run's creation, or one GET of a run this state holds);
+the PSI and the alignment when the run is new. ``predict`` needs none beyond its own request
+when party A's state holds the run's codebook and intersection.
 """
 
 import functools
@@ -19,30 +17,30 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from api_schemas import AlignmentIn, RunOut
-from party_a import serving as run_serving
-from party_a.alignment import private_intersection
+from api_schemas import RunOut
+from api_schemas.runs import AlignmentInfo
+from party_a import inference, recovery
+from party_a.alignment import AlignedData, align_run, known_intersection, private_intersection
 from party_a.bottom import BottomTrainer, PendingStep, StepResult
-from party_a.client import Transport
 from party_a.config import PartyAConfig
-from party_a.errors import ConfigError, NotFound, ProtocolError, RunNotFound
-from party_a.features import FeatureTable, FeatureTransform
-from party_a.pipeline import run_steps
-from party_a.state import LocalRun, LocalStep, LocalStore, PsiResult
+from party_a.errors import ConfigError, NotFound, RunNotFound
+from party_a.features import FeatureTable
+from party_a.loop import LoopSettings, StepRecord, TrainSummary, run_steps
+from party_a.store import LocalRun, LocalStep, LocalStore, PsiResult
+from party_a.transport import Transport
 from shared import codec
 from shared.accounting import raw_step_request_bytes
-from shared.alignment import hmac_ids, order_by_raw_id
 from shared.models import cut_dim as model_cut_dim
 from shared.models import input_width_kwarg
 from shared.schedule import (
     SCHEDULE_VERSION,
     BatchSchedule,
     StepBatch,
+    batch_digest,
     make_schedule,
     split_train_eval,
 )
@@ -52,26 +50,6 @@ __all__ = ["PartyATrainer", "TrainSummary"]
 log = logging.getLogger("fedlite.party_a")
 
 CHECKPOINTS_KEPT = 3
-
-
-@dataclass
-class TrainSummary:
-    run_id: str
-    steps: int  # steps of the run
-    last_step: int  # last step applied
-    last_loss: float
-    bytes_sent: int  # step request bodies sent (training only, all attempts that counted)
-    bytes_received: int
-    raw_bytes: int  # what SplitFed's raw float32 requests would have been
-    seconds: float
-    alignment_bytes: int = 0  # the id exchange before training, both directions
-    rollbacks: int = 0
-    resent: int = 0  # pipelined requests that overtook their predecessor, sent again
-    eval_metrics: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def compression(self) -> float:
-        return self.raw_bytes / self.bytes_sent if self.bytes_sent else 1.0
 
 
 @functools.lru_cache(maxsize=64)
@@ -102,27 +80,20 @@ class PartyATrainer:
         width_kwarg = input_width_kwarg(config.run.model)
         if width_kwarg is not None:
             bottom_kwargs.setdefault(width_kwarg, features.x.shape[1])
-        self.bottom_kwargs = bottom_kwargs
         self.cut_dim = model_cut_dim(config.run.model, **bottom_kwargs)
         self.bottom = BottomTrainer(
             model=config.run.model,
             bottom_kwargs=bottom_kwargs,
-            quantizer={
-                **config.quantizer.model_dump(by_alias=True),
-            },
+            quantizer=config.quantizer.model_dump(by_alias=True),
             optimizer=config.optimizer.bottom.model_dump(),
             seed=config.run.seed,
         )
         self.local: LocalRun | None = None
         self.step = 0
-        self.rows: np.ndarray = np.zeros(0, dtype=np.int64)  # feature row of each aligned key
-        self.x: np.ndarray = features.x  # the table through the run's transform (prepare)
-        self.transform: FeatureTransform | None = None
-        self.aligned: list[bytes] = []
-        self.train_pos: np.ndarray = np.zeros(0, dtype=np.int64)
-        self.eval_pos: np.ndarray = np.zeros(0, dtype=np.int64)
-        self.batches: BatchSchedule | None = None  # set by prepare()
+        self.data: AlignedData | None = None  # set by prepare()
+        self.batches: BatchSchedule | None = None  # None when serving from a serving table
         self.schedule_version = SCHEDULE_VERSION  # the run's, as party B recorded it
+        self._remote: RunOut | None = None  # party B as prepare() last saw it
 
     # ================================================================== set-up
 
@@ -131,32 +102,21 @@ class PartyATrainer:
         assert self.local is not None, "call prepare() first"
         return self.local.remote_id
 
-    def prepare(self, *, create: bool = True, serving: bool = False) -> RunOut:
-        """Find the local run (or create it at party B), align ids, restore the checkpoint.
+    @property
+    def eval_pos(self) -> np.ndarray:
+        """Positions of the held-out samples in the aligned list."""
+        assert self.data is not None, "call prepare() first"
+        return self.data.eval_pos
 
-        ``create=False`` (evaluate, predict, finish): a run this state has no record of is
-        :class:`RunNotFound`, never a new, untrained run at party B. ``serving`` (predict):
-        the feature table is a serving table, which need not hold the training rows.
-        """
-        spec = self.config.run_create(self.cut_dim)
-        local = self.store.find_run(self.server, self.config.run.name)
-        if local is None and not create:
-            raise RunNotFound(self.config.run.name, self.server)
-        if local is not None and local.config != self._fingerprint():
-            raise ConfigError(
-                f"a run named {self.config.run.name!r} with another configuration exists in "
-                "this state directory; choose a new [run] name"
+    def prepare(self, *, create: bool = True) -> RunOut:
+        """Find the local run (or create it at party B), align ids, restore the checkpoint;
+        party B's view of the run. ``create=False`` (evaluate, finish): a run this state
+        has no record of is :class:`RunNotFound`, never a new, untrained run at party B."""
+        local = self._local_run(create=create)
+        if local is None:
+            remote = self.transport.create_run(
+                self.config.run_create(self.cut_dim), self._create_key()
             )
-        if local is not None:
-            try:
-                remote = self.transport.get_run(local.remote_id)
-            except NotFound:
-                raise ConfigError(
-                    f"party B no longer knows run {local.remote_id} ({local.name}); "
-                    "choose a new [run] name or another state directory"
-                ) from None
-        else:
-            remote = self.transport.create_run(spec, self._create_key())
             local = self.store.add_run(
                 LocalRun(
                     server=self.server,
@@ -167,21 +127,89 @@ class PartyATrainer:
                 )
             )
             log.info("created run %s at party B", remote.id)
+        else:
+            remote = self._get_run(local)
         self.local = local
         self.schedule_version = remote.config.schedule_version  # party B's record decides
-        self._align(local, serving=serving)
-        checkpoint = self.store.load_checkpoint(local.id)
+        self.data, answer = align_run(
+            local,
+            features=self.features,
+            transport=self.transport,
+            store=self.store,
+            server=self.server,
+            split=self._split,
+        )
+        if answer is not None:
+            info = AlignmentInfo(
+                aligned=len(answer.intersection), train=answer.train, eval=answer.eval
+            )
+            remote = remote.model_copy(update={"alignment": info})
+        self.batches = self._batch_schedule()
+        self._restore()
+        self._remote = remote
+        return remote
+
+    def prepare_serving(self) -> None:
+        """Make ready to score (predict) a run this state holds, from party A's state alone:
+        no request to party B unless the serving codebook is missing and must be fitted on
+        the training rows (which needs party B's record of the run's schedule)."""
+        local = self._local_run(create=False)
+        assert local is not None
+        if local.aligned_ids is None:
+            raise ConfigError(f"run {local.name!r} was never aligned: run `fedlite-a train`")
+        self.local = local
+        self._restore()
+        needs_split = self.bottom.pq and (
+            inference.stored_codebook(self.store, local.id, self.step) is None
+        )
+        if needs_split:
+            self.schedule_version = self._get_run(local).config.schedule_version
+        self.data, _ = align_run(
+            local,
+            features=self.features,
+            transport=self.transport,
+            store=self.store,
+            server=self.server,
+            split=self._split if needs_split else _no_split,
+            serving=True,
+        )
+
+    def _local_run(self, *, create: bool) -> LocalRun | None:
+        local = self.store.find_run(self.server, self.config.run.name)
+        if local is None and not create:
+            raise RunNotFound(self.config.run.name, self.server)
+        if local is not None and local.config != self._fingerprint():
+            raise ConfigError(
+                f"a run named {self.config.run.name!r} with another configuration exists in "
+                "this state directory; choose a new [run] name"
+            )
+        return local
+
+    def _get_run(self, local: LocalRun) -> RunOut:
+        try:
+            return self.transport.get_run(local.remote_id)
+        except NotFound:
+            raise ConfigError(
+                f"party B no longer knows run {local.remote_id} ({local.name}); "
+                "choose a new [run] name or another state directory"
+            ) from None
+
+    def _restore(self) -> None:
+        """The bottom model from the newest local checkpoint (a first one for a new run)."""
+        assert self.local is not None
+        checkpoint = self.store.load_checkpoint(self.local.id)
         if checkpoint is None:
             model_state, optimizer_state = self.bottom.state()
             self.store.save_checkpoint(
-                local.id, 0, model_state, optimizer_state, keep=CHECKPOINTS_KEPT
+                self.local.id, 0, model_state, optimizer_state, keep=CHECKPOINTS_KEPT
             )
-        else:
-            self.bottom.load_state(checkpoint.model_state, checkpoint.optimizer_state)
-            self.step = checkpoint.step
-            self.store.forget_after(local.id, checkpoint.step)
-            log.info("resuming run %s from local checkpoint at step %d", local.remote_id, self.step)
-        return self.transport.get_run(local.remote_id)
+            return
+        self.bottom.load_state(checkpoint.model_state, checkpoint.optimizer_state)
+        self.step = checkpoint.step
+        self.store.forget_after(self.local.id, checkpoint.step)
+        log.info(
+            "resuming run %s from local checkpoint at step %d", self.local.remote_id, self.step
+        )
 
     def _fingerprint(self) -> dict[str, Any]:
         """The config a local run is found again by. Settings added since at their old
@@ -221,60 +249,21 @@ class PartyATrainer:
             force=force,
         )
 
-    def _align(self, local: LocalRun, *, serving: bool = False) -> None:
-        """Align the run on the PSI intersection; party B sees HMACs of those ids only."""
-        key = bytes.fromhex(local.alignment_key)
-        keys = hmac_ids(key, self.features.ids)
-        if local.aligned_ids is None:
-            psi, cached = self.psi()
-            offered = hmac_ids(key, psi.intersection)
-            if not offered:
-                raise ConfigError("party A and party B hold no sample id in common")
-            request = AlignmentIn(hashed_ids=[k.hex() for k in offered])
-            answer = self.transport.align(local.remote_id, request.hashed_ids)
-            # what travels is counted: the JSON bodies as HttpTransport sends and receives them,
-            # plus the PSI messages when this run's alignment is the one that ran the PSI
-            traffic = len(request.model_dump_json()) + len(answer.model_dump_json())
-            traffic += 0 if cached else psi.wire_bytes
-            self.store.update_run(local.id, alignment_bytes=traffic)
-            local.alignment_bytes = traffic
-            common = {bytes.fromhex(h) for h in answer.intersection}
-            if not common <= set(offered):
-                raise ProtocolError("party B aligned the run on ids party A did not offer")
-            aligned = order_by_raw_id(self.features.ids, keys, common)
-            self.store.update_run(local.id, aligned_ids=b"".join(aligned))
-            local.aligned_ids = b"".join(aligned)
-            log.info(
-                "aligned %d samples (%d train, %d eval)", len(aligned), answer.train, answer.eval
-            )
-        blob = local.aligned_ids
-        self.aligned = [blob[i : i + 32] for i in range(0, len(blob), 32)]
-        row_of = {k: row for row, k in enumerate(keys)}
-        missing = [k for k in self.aligned if k not in row_of]
-        self.train_pos, self.eval_pos = split_train_eval(
-            len(self.aligned),
+    def _split(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        return split_train_eval(
+            n,
             seed=self.config.run.seed,
             eval_fraction=self.config.run.eval_fraction,
             version=self.schedule_version,
         )
-        if missing and not serving:
-            raise ConfigError(f"{len(missing)} aligned ids are not in the feature table any more")
-        if not missing:
-            self.rows = np.array([row_of[k] for k in self.aligned], dtype=np.int64)
-        train_rows = self.rows[self.train_pos] if not missing else None
-        self.transform = run_serving.run_transform(self.store, local.id, self.features, train_rows)
-        self.x = self.transform.apply(self.features)
-        if not missing:
-            self.batches = self._batch_schedule()
 
     def _batch_schedule(self) -> BatchSchedule:
+        assert self.data is not None
         run = self.config.run
+        n = len(self.data.train_pos)
         if run.schedule.kind == "shuffle":
             return make_schedule(
-                n=len(self.train_pos),
-                batch_size=run.batch_size,
-                seed=run.seed,
-                version=self.schedule_version,
+                n=n, batch_size=run.batch_size, seed=run.seed, version=self.schedule_version
             )
         groups = self.features.groups
         if groups is None:
@@ -282,19 +271,13 @@ class PartyATrainer:
                 "the 'clients' schedule needs the client of every row: set [data] group_column"
             )
         return make_schedule(
-            n=len(self.train_pos),
+            n=n,
             batch_size=run.batch_size,
             seed=run.seed,
-            clients=[groups[r] for r in self.rows[self.train_pos].tolist()],
+            clients=[groups[r] for r in self.data.rows[self.data.train_pos].tolist()],
             clients_per_step=run.schedule.clients_per_step,
             version=self.schedule_version,
         )
-
-    def batch(self, step: int) -> StepBatch:
-        """Step ``step``'s rows as positions into the aligned list, and its chunk sizes."""
-        assert self.batches is not None, "call prepare() first"
-        batch = self.batches.batch(step)
-        return StepBatch(self.train_pos[batch.positions], batch.chunk_sizes)
 
     # ================================================================== training
 
@@ -314,94 +297,112 @@ class PartyATrainer:
             alignment_bytes=self.local.alignment_bytes,
         )
         started = time.perf_counter()
-        self._reconcile(summary)
-        run_steps(self, summary)
+        settings = LoopSettings(run.steps, run.pipeline_depth, run.checkpoint_interval)
+        run_steps(self, settings, summary, self.on_step)
         summary.seconds = time.perf_counter() - started
-        self.freeze_codebook()
+        self.view().freeze_codebook()
         return summary
 
-    def _after_step(
-        self, pending: PendingStep, result: StepResult, summary: TrainSummary, seconds: float
-    ) -> None:
-        assert self.local is not None
+    # ------------------------------------------------------------------ StepPort
+
+    def batch(self, step: int) -> StepBatch:
+        """Step ``step``'s rows as positions into the aligned list, and its chunk sizes."""
+        assert self.batches is not None and self.data is not None, "call prepare() first"
+        batch = self.batches.batch(step)
+        return StepBatch(self.data.train_pos[batch.positions], batch.chunk_sizes)
+
+    def forward(self, step: int, *, stash: bool) -> PendingStep:
+        assert self.data is not None
+        batch = self.batch(step)
+        return self.bottom.request(
+            step,
+            self.data.inputs(batch.positions),
+            batch_digest([self.data.aligned[p] for p in batch.positions]),
+            chunk_sizes=batch.chunk_sizes,
+            stash=stash,
+        )
+
+    def send(self, body: bytes) -> bytes:
+        return self.transport.step(self.run_id, body)
+
+    def apply(self, pending: PendingStep, answer: bytes) -> StepResult:
+        result = self.bottom.apply(pending, answer)
         self.step = pending.step
-        summary.last_step = pending.step
-        summary.last_loss = result.loss
-        summary.bytes_sent += len(pending.body)
-        summary.bytes_received += result.bytes_received
-        raw_bytes = self._raw_bytes(pending.chunk_sizes)
-        summary.raw_bytes += raw_bytes
+        return result
+
+    def raw_bytes(self, chunk_sizes: tuple[int, ...]) -> int:
+        return _raw_request_bytes(self.cut_dim, chunk_sizes)
+
+    def commit(self, record: StepRecord) -> None:
+        assert self.local is not None
         self.store.log_step(
             LocalStep(
                 run_id=self.local.id,
-                step=pending.step,
-                loss=result.loss if np.isfinite(result.loss) else None,
-                bytes_sent=len(pending.body),
-                bytes_received=result.bytes_received,
-                raw_bytes=raw_bytes,
-                step_ms=1000 * seconds,
+                step=record.step,
+                loss=record.loss if np.isfinite(record.loss) else None,
+                bytes_sent=record.bytes_sent,
+                bytes_received=record.bytes_received,
+                raw_bytes=record.raw_bytes,
+                step_ms=1000 * record.seconds,
             )
         )
         run = self.config.run
-        if pending.step % run.checkpoint_interval == 0 or pending.step == run.steps:
+        if record.step % run.checkpoint_interval == 0 or record.step == run.steps:
             model_state, optimizer_state = self.bottom.state()
             self.store.save_checkpoint(
-                self.local.id, pending.step, model_state, optimizer_state, keep=CHECKPOINTS_KEPT
+                self.local.id, record.step, model_state, optimizer_state, keep=CHECKPOINTS_KEPT
             )
-        if self.on_step is not None:
-            self.on_step(result, summary)
 
-    def _raw_bytes(self, chunk_sizes: tuple[int, ...]) -> int:
-        """Bytes of the SplitFed request (raw float32 chunks) with these chunk sizes."""
-        return _raw_request_bytes(self.cut_dim, chunk_sizes)
-
-    def _reconcile(self, summary: TrainSummary) -> None:
-        """Bring party A and party B to the same step (see the module docstring)."""
+    def reconcile(self) -> bool:
         assert self.local is not None
-        remote = self.transport.get_run(self.run_id)
-        if remote.step in (self.step, self.step + 1):
-            return  # in step, or party B will replay its stored answer for step + 1
-        local_steps = self.store.checkpoint_steps(self.local.id)
-        common = [
-            s for s in local_steps if s in remote.checkpoints and s <= min(self.step, remote.step)
-        ]
-        if not common:
-            raise ProtocolError(
-                f"no common checkpoint: party A has {local_steps} (at step {self.step}), "
-                f"party B has {remote.checkpoints} (at step {remote.step})"
-            )
-        target = max(common)
-        checkpoint = self.store.load_checkpoint(self.local.id, target)
-        assert checkpoint is not None
-        self.bottom.load_state(checkpoint.model_state, checkpoint.optimizer_state)
-        self.store.forget_after(self.local.id, target)
-        if remote.step != target:
-            self.transport.resume(self.run_id, target)
-        log.warning(
-            "rolled back to step %d (party A was at %d, party B at %d)",
-            target,
-            self.step,
-            remote.step,
+        # party B as prepare() saw it, when no step has been sent since: no second GET
+        remote, self._remote = self._remote, None
+        if remote is None:
+            remote = self.transport.get_run(self.run_id)
+        target = recovery.reconcile(
+            step=self.step,
+            remote=remote,
+            local_run=self.local.id,
+            store=self.store,
+            bottom=self.bottom,
+            transport=self.transport,
         )
+        if target is None:
+            return False
         self.step = target
-        summary.last_step = target
-        summary.rollbacks += 1
+        return True
 
     # ================================================================== serving
 
+    def view(self) -> inference.RunView:
+        assert self.local is not None and self.data is not None, "call prepare() first"
+        return inference.RunView(
+            local=self.local,
+            bottom=self.bottom,
+            store=self.store,
+            transport=self.transport,
+            data=self.data,
+            step=self.step,
+            batch_size=self.config.run.batch_size,
+            model=self.config.run.model,
+        )
+
     def evaluate(self, split: str = "eval", *, raw: bool = False) -> codec.EvaluateResponse:
-        """Metrics of the held-out (or train) samples, computed at party B (party_a.serving)."""
-        return run_serving.evaluate(self, split, raw=raw)
+        """Metrics of the held-out (or train) samples, computed at party B."""
+        return inference.evaluate(self.view(), split, raw=raw)
 
     def predict(self, ids: list[str], *, raw: bool = False) -> codec.PredictResponse:
-        """Party B's scores for ``ids``, each independent of the others (party_a.serving)."""
-        return run_serving.predict(self, ids, raw=raw)
+        """Party B's scores for ``ids``, each independent of the others."""
+        common = known_intersection(
+            self.features.ids, transport=self.transport, store=self.store, server=self.server
+        )
+        return inference.predict(self.view(), self.features, set(common.intersection), ids, raw=raw)
 
-    def freeze_codebook(self) -> None:
-        """The serving codebook of the model at its current step (party_a.serving)."""
+    def finish(self) -> RunOut:
         assert self.local is not None
-        train_x = self.x[self.rows[self.train_pos]] if len(self.rows) else None
-        run_serving.freeze_codebook(self.store, self.local, self.bottom, self.step, train_x)
+        remote = self.transport.finish(self.run_id)
+        self.store.update_run(self.local.id, status="finished")
+        return remote
 
     def close(self) -> None:
         """Close the transport (if it has connections) and the local database."""
@@ -410,8 +411,9 @@ class PartyATrainer:
             close()
         self.store.close()
 
-    def finish(self) -> RunOut:
-        assert self.local is not None
-        remote = self.transport.finish(self.run_id)
-        self.store.update_run(self.local.id, status="finished")
-        return remote
+
+def _no_split(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Serving from a stored codebook reads no positions of the training split."""
+    del n
+    empty = np.zeros(0, dtype=np.int64)
+    return empty, empty

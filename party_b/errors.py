@@ -9,7 +9,7 @@ from typing import Any
 
 from api_schemas.problems import PROBLEMS, ProblemType
 
-__all__ = ["ProblemError"]
+__all__ = ["ProblemError", "StartupError"]
 
 
 class ProblemError(Exception):
@@ -65,3 +65,7 @@ class ProblemError(Exception):
     @classmethod
     def internal(cls, detail: str) -> "ProblemError":
         return cls(ProblemType.INTERNAL, detail)
+
+
+class StartupError(Exception):
+    """party B cannot start as configured; the message says which file and what to do."""

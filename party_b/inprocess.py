@@ -1,7 +1,7 @@
 """Party A talking to party B's service in the same process: the same code, minus HTTP.
 
-:class:`InProcessTransport` has the calls of party A's ``Transport`` (``party_a.client``) and
-makes them on a :class:`~party_b.service.RunService` directly. Where party B would answer
+:class:`InProcessTransport` has the calls of party A's ``Transport`` (``party_a.transport``) and
+makes them on a :class:`~party_b.service.Service` directly. Where party B would answer
 problem+json, it hands the same problem (status and body) to ``problem``, which turns it into
 the exception the caller expects: for party A's trainer, ``party_a.errors.problem_from_body``
 (so the trainer cannot tell the difference from HTTP)::
@@ -23,7 +23,7 @@ from party_b.errors import ProblemError
 from party_b.labels import LabelSource
 from party_b.metrics import Metrics
 from party_b.privacy import PrivacyPolicy
-from party_b.service import Caller, RunService
+from party_b.service import Caller, Service, build_service
 from party_b.settings import Limits
 from party_b.store import make_engine, make_session_factory
 
@@ -43,7 +43,7 @@ def in_process_party_b(
     *,
     limits: Limits | None = None,
     privacy: PrivacyPolicy | None = None,
-) -> tuple[RunService, Caller]:
+) -> tuple[Service, Caller]:
     """A party B service on its own SQLite file, and a caller with a registered token;
     ``privacy``: the label-privacy policy of its new runs (default off)."""
     engine = make_engine(f"sqlite:///{database}")
@@ -52,7 +52,7 @@ def in_process_party_b(
         auth.register_token(session, "in-process", _TOKEN)
         row = auth.authenticate(session, _TOKEN)
         assert row is not None
-    service = RunService(
+    service = build_service(
         sessions=sessions,
         labels=labels,
         limits=limits or Limits(),
@@ -63,7 +63,7 @@ def in_process_party_b(
 
 
 class InProcessTransport:
-    def __init__(self, service: RunService, caller: Caller, *, problem: ProblemRaiser) -> None:
+    def __init__(self, service: Service, caller: Caller, *, problem: ProblemRaiser) -> None:
         self.service = service
         self.caller = caller
         self._problem = problem
@@ -75,31 +75,31 @@ class InProcessTransport:
             raise self._problem(exc.status, exc.body()) from None
 
     def psi_info(self) -> PsiInfo:
-        return self._call(self.service.psi_info)
+        return self._call(self.service.alignment.psi_info)
 
     def psi(self, body: bytes) -> bytes:
-        return self._call(self.service.psi, body)
+        return self._call(self.service.alignment.psi, body)
 
     def create_run(self, spec: RunCreate, idempotency_key: str | None = None) -> RunOut:
-        return self._call(self.service.create_run, spec, idempotency_key)
+        return self._call(self.service.runs.create, spec, idempotency_key)
 
     def get_run(self, run_id: str) -> RunOut:
-        return self._call(self.service.get_run, run_id)
+        return self._call(self.service.runs.get, run_id)
 
     def align(self, run_id: str, hashed_ids: list[str]) -> AlignmentOut:
-        return self._call(self.service.align, run_id, hashed_ids)
+        return self._call(self.service.alignment.align, run_id, hashed_ids)
 
     def step(self, run_id: str, body: bytes) -> bytes:
-        return self._call(self.service.step, run_id, body)
+        return self._call(self.service.steps.step, run_id, body)
 
     def resume(self, run_id: str, from_step: int) -> RunOut:
-        return self._call(self.service.resume, run_id, from_step)
+        return self._call(self.service.steps.resume, run_id, from_step)
 
     def evaluate(self, run_id: str, body: bytes, split: str = "eval") -> bytes:
-        return self._call(self.service.evaluate, run_id, body, split)
+        return self._call(self.service.serving.evaluate, run_id, body, split)
 
     def predict(self, run_id: str, body: bytes) -> bytes:
-        return self._call(self.service.predict, run_id, body)
+        return self._call(self.service.serving.predict, run_id, body)
 
     def finish(self, run_id: str) -> RunOut:
-        return self._call(self.service.finish, run_id)
+        return self._call(self.service.runs.finish, run_id)

@@ -153,7 +153,7 @@ def party_b(tmp_path: Path) -> Iterator[PartyBProcess]:
 
 def _cli_b(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "party_b.cli", *args],
+        [sys.executable, "-m", "party_b.ops.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -99,7 +99,7 @@ def test_a_checkpoint_killed_mid_write_is_wholly_there_or_not_there(
 def test_both_stores_run_sqlite_in_wal_mode_with_a_busy_timeout(tmp_path: Path, side: str) -> None:
     from sqlalchemy import text
 
-    from party_a.state import LocalStore
+    from party_a.store import LocalStore
     from party_b.store import make_engine
 
     url = f"sqlite:///{tmp_path / 'state.sqlite'}"

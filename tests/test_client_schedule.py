@@ -1,6 +1,6 @@
 """The 'clients' batch schedule through the real party A trainer and party B service.
 
-Party B runs in-process (party_b.inprocess: the same RunService the HTTP app wraps).
+Party B runs in-process (party_b.inprocess: the same Service the HTTP app wraps).
 """
 
 from pathlib import Path
@@ -13,7 +13,7 @@ from experiments.tasks import ClassLabels, TokenLabels
 from party_a.config import load_config
 from party_a.errors import ConfigError, ProblemResponse, ProtocolError, problem_from_body
 from party_a.features import FeatureTable, load_features
-from party_a.state import LocalStore
+from party_a.store import LocalStore
 from party_a.trainer import PartyATrainer
 from party_b.inprocess import InProcessTransport, in_process_party_b
 from party_b.labels import load_label_table
@@ -87,7 +87,7 @@ def test_each_step_sends_one_chunk_per_client(tmp_path: Path) -> None:
     for step, sizes in enumerate(chunks_per_step, start=1):
         assert len(sizes) == 3  # three clients, each its own chunk with its own codebook
         batch = trainer.batch(step)
-        owners = [features.groups[trainer.rows[p]] for p in batch.positions]  # type: ignore[index]
+        owners = [features.groups[trainer.data.rows[p]] for p in batch.positions]  # type: ignore[index]
         offsets = np.cumsum((0, *sizes)).tolist()
         spans = zip(offsets[:-1], offsets[1:], strict=True)
         assert [len(set(owners[a:b])) for a, b in spans] == [1, 1, 1]
@@ -104,8 +104,8 @@ def test_party_b_refuses_chunks_that_are_not_the_clients_batches(tmp_path: Path)
 
     pending = trainer.bottom.request(  # the right rows, but quantized as one chunk
         1,
-        features.x[trainer.rows[batch.positions]],
-        batch_digest([trainer.aligned[p] for p in batch.positions]),
+        features.x[trainer.data.rows[batch.positions]],
+        batch_digest([trainer.data.aligned[p] for p in batch.positions]),
     )
 
     with pytest.raises(ProblemResponse, match="schedule"):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from party_a.client import HttpTransport
+from party_a.transport.http import HttpTransport
 from tests.utils.cli import TOKEN, demo_tables, run_cli
 from tests.utils.faults import Fault, FaultPlan, FaultProxy
 from tests.utils.servers import PartyBProcess, free_port

@@ -21,7 +21,7 @@ import yaml
 from party_a.cli import build_parser as party_a_parser
 from party_a.config import ENVIRONMENT as PARTY_A_ENVIRONMENT
 from party_a.config import load_config
-from party_b.cli import build_parser as party_b_parser
+from party_b.ops.cli import build_parser as party_b_parser
 from party_b.settings import Limits, Settings, check_environment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -293,7 +293,7 @@ def test_the_demo_certificate_script_makes_a_chain_party_b_and_party_a_accept(
     import ssl
     import threading
 
-    from party_b.preflight import check_tls
+    from party_b.ops.preflight import check_tls
 
     b_dir, a_dir = tmp_path / "b", tmp_path / "a"
     b_dir.mkdir()

@@ -26,10 +26,10 @@ from typing import Any
 import httpx
 import pytest
 
-from party_a.client import HttpTransport
 from party_a.errors import TransportError
-from party_a.state import LocalStore
+from party_a.store import LocalStore
 from party_a.trainer import PartyATrainer, TrainSummary
+from party_a.transport.http import HttpTransport
 from shared.training import state_from_bytes, state_sha256
 from tests.utils.crash import integrity, party_b_checkpoints
 from tests.utils.data import breast_pair
@@ -136,7 +136,7 @@ def test_party_b_sigkilled_at_random_moments_and_mid_checkpoint_ends_like_an_uni
     config = {
         "run.steps": steps,
         "run.checkpoint_interval": 4,
-        "run.pipeline_depth": 2,  # K steps in flight (party_a.pipeline)
+        "run.pipeline_depth": 2,  # K steps in flight (party_a.loop)
         "model.top": {"hidden": [128, 128]},  # checkpoints of ~0.3 MB: writes take a while
     }
     reference = trainers("reference", **config)

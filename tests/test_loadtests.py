@@ -58,19 +58,21 @@ def test_scenario_steps_are_accepted_in_order_by_party_b(name: str, tmp_path: Pa
     )
     scenario = SCENARIOS[name]
     spec = scenario.run_create("load", steps=100, seed=3)
-    run = service.create_run(caller, spec)
-    answer = service.align(caller, run.id, hashed_ids(run.alignment_key, read_ids(labels_csv)))
+    run = service.runs.create(caller, spec)
+    answer = service.alignment.align(
+        caller, run.id, hashed_ids(run.alignment_key, read_ids(labels_csv))
+    )
     schedule = StepSchedule(scenario, spec, answer.intersection)
 
     responses = [
-        codec.decode_step_response(service.step(caller, run.id, schedule.body(t)))
+        codec.decode_step_response(service.steps.step(caller, run.id, schedule.body(t)))
         for t in (1, 2, 3)
     ]
 
     assert [r.step for r in responses] == [1, 2, 3]
     assert all(r.grad.shape == (scenario.batch, scenario.cut_dim) for r in responses)
     assert all(np.isfinite(r.loss) for r in responses)
-    assert service.get_run(caller, run.id).step == 3
+    assert service.runs.get(caller, run.id).step == 3
 
 
 # ----------------------------------------------------------------------------- smoke

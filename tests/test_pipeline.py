@@ -2,7 +2,7 @@
 a run is deterministic for a given K, steps that overtake each other are resent without a
 double update, and a party A killed with steps in flight resumes bit-identically.
 
-Real parts throughout: party B's ``RunService`` on a SQLite file (in process), party A's
+Real parts throughout: party B's ``Service`` on a SQLite file (in process), party A's
 trainer with its own SQLite store, real torch. The kill tests over HTTP are in test_faults.py.
 """
 
@@ -18,12 +18,12 @@ from experiments.tasks import ClassLabels
 from party_a.config import load_config
 from party_a.errors import problem_from_body
 from party_a.features import FeatureTable
-from party_a.pipeline import needed
-from party_a.state import LocalStore
+from party_a.loop import needed
+from party_a.store import LocalStore
 from party_a.trainer import PartyATrainer, TrainSummary
 from party_b.inprocess import InProcessTransport, in_process_party_b
-from party_b.service import RunService
-from party_b.service.state import Caller
+from party_b.service import Service
+from party_b.service.runstate import Caller
 from shared.codec import decode_step_request
 from shared.training import state_sha256
 
@@ -58,7 +58,7 @@ def _data() -> tuple[FeatureTable, ClassLabels]:
 class _Transport(InProcessTransport):
     """In-process party B with hooks on the step call (it runs in party A's sender threads)."""
 
-    def __init__(self, service: RunService, caller: Caller) -> None:
+    def __init__(self, service: Service, caller: Caller) -> None:
         super().__init__(service, caller, problem=problem_from_body)
         self.delay: dict[int, float] = {}  # step -> seconds to hold its request back
         self.lose: set[int] = set()  # steps whose first answer is lost after the next applies
@@ -84,7 +84,7 @@ class _Transport(InProcessTransport):
 
     def _wait_applied(self, run_id: str, step: int, failure: str) -> None:
         deadline = time.monotonic() + 120  # a deadlock, not a slow machine
-        while self.service.get_run(self.caller, run_id).step < step:
+        while self.service.runs.get(self.caller, run_id).step < step:
             assert time.monotonic() < deadline, failure
             time.sleep(0.01)
 
@@ -110,7 +110,7 @@ class _Parties:
         return trainer, trainer.train()
 
     def applied(self, trainer: PartyATrainer) -> list[int]:
-        return [s.step for s in self.service.step_log(self.caller, trainer.run_id, 0, 10_000)]
+        return [s.step for s in self.service.runs.step_log(self.caller, trainer.run_id, 0, 10_000)]
 
 
 def _bottom(trainer: PartyATrainer) -> str:

@@ -17,13 +17,13 @@ import pytest
 from party_a.cli import main as main_a
 from party_a.errors import ConfigError, problem_from_body
 from party_a.features import load_features
-from party_a.state import LocalStore
+from party_a.store import LocalStore
 from party_a.trainer import PartyATrainer
 from party_b import auth
 from party_b.inprocess import InProcessTransport
 from party_b.labels import load_label_table
 from party_b.metrics import Metrics
-from party_b.service import Caller, RunService
+from party_b.service import Caller, Service, build_service
 from party_b.settings import Limits
 from party_b.store import make_engine, make_session_factory
 from shared.codec import WIRE_VERSION, CodecError
@@ -154,7 +154,7 @@ class _CountingTransport(InProcessTransport):
 
 
 @pytest.fixture
-def party_b_service(tmp_path: Path) -> Iterator[tuple[RunService, Caller, Path]]:
+def party_b_service(tmp_path: Path) -> Iterator[tuple[Service, Caller, Path]]:
     a_ids = _ids("p", range(0, 400))
     b_ids = _ids("p", range(150, 700))
     a_path, b_path = _write_tables(tmp_path, a_ids, b_ids)
@@ -165,7 +165,7 @@ def party_b_service(tmp_path: Path) -> Iterator[tuple[RunService, Caller, Path]]
         row = auth.authenticate(session, TOKEN)
         assert row is not None
     labels = load_label_table(b_path, id_column="id", label_column="y", feature_columns=None)
-    service = RunService(sessions=sessions, labels=labels, limits=Limits(), metrics=Metrics())
+    service = build_service(sessions=sessions, labels=labels, limits=Limits(), metrics=Metrics())
     yield service, Caller(token_id=row.id, name="alice"), a_path
     engine.dispose()
 
@@ -184,7 +184,7 @@ def _trainer(
 
 
 def test_runs_align_on_the_psi_intersection_and_reuse_the_cached_result(
-    party_b_service: tuple[RunService, Caller, Path], tmp_path: Path
+    party_b_service: tuple[Service, Caller, Path], tmp_path: Path
 ) -> None:
     service, caller, a_path = party_b_service
     transport = _CountingTransport(service, caller, problem=problem_from_body)
@@ -210,7 +210,7 @@ def test_runs_align_on_the_psi_intersection_and_reuse_the_cached_result(
 
 
 def test_a_new_label_table_at_party_b_means_a_new_psi(
-    party_b_service: tuple[RunService, Caller, Path], tmp_path: Path
+    party_b_service: tuple[Service, Caller, Path], tmp_path: Path
 ) -> None:
     service, caller, a_path = party_b_service
     transport = _CountingTransport(service, caller, problem=problem_from_body)
@@ -218,8 +218,8 @@ def test_a_new_label_table_at_party_b_means_a_new_psi(
     before, _ = trainer.psi()
     _a, b_path = _write_tables(tmp_path / "v2", [], _ids("p", range(0, 100)))
     labels = load_label_table(b_path, id_column="id", label_column="y", feature_columns=None)
-    changed = RunService(
-        sessions=service.sessions, labels=labels, limits=Limits(), metrics=Metrics()
+    changed = build_service(
+        sessions=service.context.sessions, labels=labels, limits=Limits(), metrics=Metrics()
     )
     trainer.transport = _CountingTransport(changed, caller, problem=problem_from_body)
 
@@ -232,7 +232,7 @@ def test_a_new_label_table_at_party_b_means_a_new_psi(
 
 
 def test_predict_refuses_ids_outside_the_intersection(
-    party_b_service: tuple[RunService, Caller, Path], tmp_path: Path
+    party_b_service: tuple[Service, Caller, Path], tmp_path: Path
 ) -> None:
     service, caller, a_path = party_b_service
     trainer = _trainer(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from party_a.api import connect
-from party_b.background import serve_in_thread
+from party_b.ops.background import serve_in_thread
 from shared.demo_data import write_party_a_demo, write_party_b_demo
 
 pytestmark = pytest.mark.slow

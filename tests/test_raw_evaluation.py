@@ -8,7 +8,7 @@ import torch
 
 from party_a.config import load_config
 from party_a.errors import ProblemResponse, problem_from_body
-from party_a.state import LocalStore
+from party_a.store import LocalStore
 from party_a.trainer import PartyATrainer
 from party_b.inprocess import InProcessTransport, in_process_party_b
 from shared import codec
@@ -29,12 +29,12 @@ def test_raw_evaluation_of_a_fedlite_run_and_no_raw_training_steps(tmp_path: Pat
     trainer.prepare()
     # a training step of a FedLite run must be quantized as configured: refused, nothing changes
     batch = trainer.batch(1)
-    x = features.x[trainer.rows[batch.positions]]
+    x = features.x[trainer.data.rows[batch.positions]]
     z = trainer.bottom.model(torch.from_numpy(x).float()).detach().numpy()
     body = codec.encode_step_request(
         codec.StepRequest(
             step=1,
-            batch_digest=batch_digest([trainer.aligned[p] for p in batch.positions]),
+            batch_digest=batch_digest([trainer.data.aligned[p] for p in batch.positions]),
             chunks=(codec.RawActivations(z),),
         )
     )
@@ -48,6 +48,6 @@ def test_raw_evaluation_of_a_fedlite_run_and_no_raw_training_steps(tmp_path: Pat
     assert quantized.n == raw.n == len(trainer.eval_pos)
     assert set(raw.metrics) == set(quantized.metrics) and np.isfinite(raw.loss)
     assert raw.loss != quantized.loss  # z, not z~, reached the top model
-    history = service.eval_results(caller, trainer.run_id)
+    history = service.runs.eval_results(caller, trainer.run_id)
     assert [r.split for r in history[-2:]] == ["eval", "eval+raw"]
     trainer.close()

@@ -9,7 +9,7 @@ from experiments.tasks import ClassLabels
 from party_a.config import load_config
 from party_a.errors import problem_from_body
 from party_a.features import FeatureTable
-from party_a.state import LocalStore
+from party_a.store import LocalStore
 from party_a.trainer import PartyATrainer
 from party_b.inprocess import InProcessTransport, in_process_party_b
 
@@ -68,6 +68,6 @@ def test_party_a_killed_after_create_gets_the_same_run_back(
     other = trainer("another")  # another run name is another run
     other.prepare()
 
-    runs = service.list_runs(caller)
+    runs = service.runs.list_runs(caller)
     assert len(runs) == 2
     assert again.run_id in {r.id for r in runs} and other.run_id != again.run_id

@@ -12,12 +12,12 @@ import pytest
 from api_schemas import RunCreate, default_downlink
 from party_a.errors import problem_from_body
 from party_a.features import load_features
-from party_a.state import LocalRun, LocalStore
+from party_a.store import LocalRun, LocalStore
 from party_a.trainer import PartyATrainer
 from party_b import store
 from party_b.inprocess import InProcessTransport, in_process_party_b
 from party_b.labels import load_label_table
-from party_b.service import Caller, RunService
+from party_b.service import Caller, Service
 from shared.demo_data import write_party_a_demo, write_party_b_demo
 from shared.schedule import (
     SCHEDULE_VERSION,
@@ -104,15 +104,15 @@ class _Stop(Exception):
     pass
 
 
-def _party_b(tmp_path: Path, labels: Path) -> tuple[RunService, Caller]:
+def _party_b(tmp_path: Path, labels: Path) -> tuple[Service, Caller]:
     """A party B on ``tmp_path/b.sqlite``: a fresh service object each call is a restart."""
     table = load_label_table(labels, id_column="id", label_column="y", feature_columns=None)
     service, caller = in_process_party_b(table, tmp_path / "b.sqlite")
-    service.recover()
+    service.runs.recover()
     return service, caller
 
 
-def _party_a(tmp_path: Path, features: Path, party_b: tuple[RunService, Caller]) -> PartyATrainer:
+def _party_a(tmp_path: Path, features: Path, party_b: tuple[Service, Caller]) -> PartyATrainer:
     config = breast_config("versions", **{"run.steps": 12, "run.checkpoint_interval": 4})
     return PartyATrainer(
         config=config,
@@ -124,13 +124,13 @@ def _party_a(tmp_path: Path, features: Path, party_b: tuple[RunService, Caller])
 
 
 def _stored_before_versions(
-    tmp_path: Path, trainer: PartyATrainer, party_b: tuple[RunService, Caller]
+    tmp_path: Path, trainer: PartyATrainer, party_b: tuple[Service, Caller]
 ) -> None:
     """The state both parties would hold had the run been created before schedule versions
     and downlinks: party B's row has neither ``schedule_version`` nor ``downlink`` (its
     gradients go as float32), party A's state directory knows the run."""
     service, caller = party_b
-    run = service.create_run(caller, trainer.config.run_create(trainer.cut_dim))
+    run = service.runs.create(caller, trainer.config.run_create(trainer.cut_dim))
     engine = store.make_engine(f"sqlite:///{tmp_path / 'b.sqlite'}")
     with store.make_session_factory(engine)() as session:
         row = session.get(store.Run, run.id)

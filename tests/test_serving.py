@@ -21,18 +21,16 @@ from hypothesis import strategies as st
 from party_a.config import load_config
 from party_a.errors import problem_from_body
 from party_a.features import FeatureTable, FeatureTransform
-from party_a.state import LocalStore, RunServing
+from party_a.store import LocalStore, RunServing
 from party_a.trainer import PartyATrainer
 from party_b.inprocess import InProcessTransport, in_process_party_b
-from party_b.service import RunService
-from party_b.service.state import Caller
+from party_b.service import Service
+from party_b.service.runstate import Caller
 from shared.pq.quantizer import GroupedProductQuantizer, PQConfig
 from tests.test_run_creation import CONFIG, _data
 
 
-def _trainer(
-    tmp: Path, features: FeatureTable, party_b: tuple[RunService, Caller]
-) -> PartyATrainer:
+def _trainer(tmp: Path, features: FeatureTable, party_b: tuple[Service, Caller]) -> PartyATrainer:
     service, caller = party_b
     return PartyATrainer(
         config=load_config(None, {**CONFIG, "run.steps": 6}),
@@ -80,7 +78,7 @@ def test_a_codebook_fitted_per_request_would_make_scores_batch_dependent(
 ) -> None:
     """The failure the frozen codebook removes (issue 15, finding 2): with a fresh k-means
     per request, one row alone is rebuilt exactly, inside a batch it is not."""
-    z = trained.bottom.forward(trained.x[:40])
+    z = trained.bottom.forward(trained.data.x[:40])
     quantizer = trained.bottom._quantizer(int(z.shape[1]))
     _code, alone = quantizer.quantize(z[:1], seed=0)
     _code, inside = quantizer.quantize(z, seed=0)
@@ -113,10 +111,10 @@ def test_assign_gives_each_row_the_codewords_it_gets_alone(
 def test_the_transform_is_fitted_on_training_rows_and_serves_a_table_without_them(
     trained: PartyATrainer, tmp_path: Path
 ) -> None:
-    transform = trained.transform
+    transform = trained.data.transform  # type: ignore[union-attr]
     assert transform is not None and transform.mean is not None
-    train_rows = trained.rows[trained.train_pos]
-    held_out = trained.rows[trained.eval_pos]
+    train_rows = trained.data.rows[trained.data.train_pos]  # type: ignore[union-attr]
+    held_out = trained.data.rows[trained.eval_pos]  # type: ignore[union-attr]
     expected = trained.features.x[train_rows].astype(np.float64).mean(axis=0)
     assert np.allclose(transform.mean, expected)
     whole = trained.features.x.astype(np.float64).mean(axis=0)
@@ -132,7 +130,7 @@ def test_the_transform_is_fitted_on_training_rows_and_serves_a_table_without_the
         standardize=True,
     )
     stored = FeatureTransform.from_json(transform.to_json())
-    np.testing.assert_array_equal(stored.apply(serving), trained.x[held_out])
+    np.testing.assert_array_equal(stored.apply(serving), trained.data.x[held_out])
 
 
 def test_a_run_begun_before_the_transform_was_stored_keeps_its_whole_table_z_score(

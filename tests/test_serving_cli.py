@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from party_a.state import LocalStore
+from party_a.store import LocalStore
 from shared.alignment import hmac_ids
 from tests.utils.cli import DEMO_CONFIG, REPO_ROOT, TOKEN, demo_tables, run_cli
 from tests.utils.servers import PartyBProcess

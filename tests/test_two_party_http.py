@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from api_schemas import RunCreate
-from party_a.client import HttpTransport
 from party_a.trainer import PartyATrainer
+from party_a.transport.http import HttpTransport
 from shared.accounting import pq_step_request_bytes, raw_step_request_bytes
 from shared.schedule import batch_digest, batch_positions
 from tests.utils.data import breast_pair
@@ -109,13 +109,13 @@ def test_a_repeated_step_is_answered_identically_and_applied_once(
 ) -> None:
     trainer = trainers("replay")
     trainer.prepare()
-    positions = trainer.train_pos[
-        batch_positions(1, batch_size=32, n=len(trainer.train_pos), seed=0)
+    positions = trainer.data.train_pos[
+        batch_positions(1, batch_size=32, n=len(trainer.data.train_pos), seed=0)
     ]
     pending = trainer.bottom.request(
         1,
-        trainer.features.x[trainer.rows[positions]],
-        batch_digest([trainer.aligned[p] for p in positions]),
+        trainer.features.x[trainer.data.rows[positions]],
+        batch_digest([trainer.data.aligned[p] for p in positions]),
     )
     client = clients()
     url = f"/v1/runs/{trainer.run_id}/steps"
@@ -132,7 +132,7 @@ def test_a_repeated_step_is_answered_identically_and_applied_once(
     steps = client.get(f"/v1/runs/{trainer.run_id}/steps").json()["steps"]
     assert [s["step"] for s in steps] == [1]
     # a step from the future and one from the past are refused with the expected step
-    future = trainer.bottom.request(3, trainer.features.x[trainer.rows[positions]], b"\0" * 8)
+    future = trainer.bottom.request(3, trainer.features.x[trainer.data.rows[positions]], b"\0" * 8)
     refused = client.post(url, content=future.body, headers=headers)
     assert refused.status_code == 409
     assert refused.headers["content-type"] == "application/problem+json"

@@ -1,6 +1,6 @@
 """A real training run whose downlink is recorded as party A receives it.
 
-Party A is ``party_a.trainer.PartyATrainer``; party B is the product's ``RunService`` on its
+Party A is ``party_a.trainer.PartyATrainer``; party B is the product's ``Service`` on its
 own SQLite file with the privacy policy under test, reached through
 ``party_b.inprocess.InProcessTransport``. ``RecordingTransport`` sits between them and
 decodes every step reply's bytes (``shared.codec``), which are exactly what an HTTP party A
@@ -21,7 +21,7 @@ from experiments.tasks import load_task
 from party_a.bottom import StepResult
 from party_a.config import load_config
 from party_a.errors import problem_from_body
-from party_a.state import LocalStore
+from party_a.store import LocalStore
 from party_a.trainer import PartyATrainer, TrainSummary
 from party_b.inprocess import InProcessTransport, in_process_party_b
 from party_b.privacy import parse_policy
@@ -87,9 +87,9 @@ class RecordingTransport(InProcessTransport):
     def step(self, run_id: str, body: bytes) -> bytes:
         answer = super().step(run_id, body)
         reply = codec.decode_step_response(answer)
-        state = self.service.cache.owned(self.caller, run_id)
+        state = self.service.context.cache.owned(self.caller, run_id)
         rows = state.label_rows[state.batch(reply.step).positions]
-        targets = self.service.labels.targets(rows).numpy().astype(np.int64)
+        targets = self.service.context.labels.targets(rows).numpy().astype(np.int64)
         self.recorded.grads.append(reply.grad)
         self.recorded.labels.append(targets)
         self.recorded.losses.append(reply.loss)

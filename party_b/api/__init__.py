@@ -7,7 +7,7 @@
     problems.py    every error rendered as problem+json
     middleware.py  body size limit (413) and per-route request metrics
 
-Routes only translate HTTP to calls of ``party_b.service.RunService``.
+Routes only translate HTTP to calls of ``party_b.service.Service``.
 """
 
 from party_b.api.main import create_app

@@ -13,7 +13,7 @@ from api_schemas import ProblemType
 from party_b import auth
 from party_b.api.contract import MSGPACK
 from party_b.errors import ProblemError
-from party_b.service import Caller, RunService
+from party_b.service import Caller, Service
 
 __all__ = ["CallerDep", "ServiceDep", "in_thread", "msgpack"]
 
@@ -47,13 +47,13 @@ def _caller(
     return Caller(token_id=row.id, name=row.name)
 
 
-def _service(request: Request) -> RunService:
-    service: RunService = request.app.state.service
+def _service(request: Request) -> Service:
+    service: Service = request.app.state.service
     return service
 
 
 CallerDep = Annotated[Caller, Depends(_caller)]
-ServiceDep = Annotated[RunService, Depends(_service)]
+ServiceDep = Annotated[Service, Depends(_service)]
 
 
 async def in_thread(request: Request, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

@@ -23,11 +23,11 @@ from party_b.api.problems import install_problem_handlers
 from party_b.api.routes import ROUTERS
 from party_b.dashboard import RunCollector, install_dashboard
 from party_b.labels import LabelSource, load_label_table
-from party_b.maintenance import checkpoint_wal
 from party_b.metrics import Metrics
-from party_b.service import RunService
+from party_b.service import build_service
 from party_b.settings import Settings, parse_token_list
 from party_b.store import make_engine, make_session_factory
+from party_b.store.engine import checkpoint_wal
 
 __all__ = ["create_app"]
 
@@ -39,7 +39,7 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     labels = labels if labels is not None else load_labels(settings)
     engine, sessions = open_database(settings)
     metrics = Metrics()
-    service = RunService(
+    service = build_service(
         sessions=sessions,
         labels=labels,
         limits=settings.limits,
@@ -48,8 +48,8 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
         privacy=settings.privacy_policy(),
         step_hold=settings.step_hold_seconds,
     )
-    log.info("label privacy of new runs: %s", service.privacy.describe())
-    service.recover()  # logs, per training run, the step it resumes from
+    log.info("label privacy of new runs: %s", service.context.privacy.describe())
+    service.runs.recover()  # logs, per training run, the step it resumes from
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

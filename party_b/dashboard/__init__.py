@@ -22,7 +22,7 @@ from party_b.dashboard.access import OperatorCredential
 from party_b.dashboard.prometheus import RunCollector
 from party_b.dashboard.reports import Reports
 from party_b.dashboard.routes import dashboard_router
-from party_b.service import RunService
+from party_b.service import Service
 from party_b.settings import Settings
 
 __all__ = ["RunCollector", "install_dashboard"]
@@ -30,14 +30,14 @@ __all__ = ["RunCollector", "install_dashboard"]
 log = logging.getLogger("fedlite.party_b")
 
 
-def install_dashboard(app: FastAPI, settings: Settings, service: RunService) -> bool:
+def install_dashboard(app: FastAPI, settings: Settings, service: Service) -> bool:
     """Serve the dashboard on ``app`` if the operator set its credential; whether it did.
 
     Raises StartupError when the credential is also an API token party B holds."""
     if settings.dashboard_token is None:
         return False
     credential = OperatorCredential(settings.dashboard_token.get_secret_value())
-    with service.sessions() as session:
+    with service.context.sessions() as session:
         credential.refuse_if_a_token(session)
     reports = Reports(service, started_at=datetime.now(UTC))
     app.include_router(dashboard_router(reports, credential))

@@ -16,8 +16,7 @@ from sqlalchemy.orm import Session
 from api_schemas import ProblemType
 from party_b import store
 from party_b.auth import hash_token
-from party_b.errors import ProblemError
-from party_b.preflight import StartupError
+from party_b.errors import ProblemError, StartupError
 
 __all__ = ["OperatorCredential"]
 

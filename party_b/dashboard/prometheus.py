@@ -19,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from api_schemas import RunCreate, RunStatus
 from party_b.dashboard.compression import RawBaseline
 from party_b.dashboard.reports import MAX_RUNS_SHOWN, RunRow, run_rows
-from party_b.service import RunService
+from party_b.service import Service
 from party_b.store import overview
 
 __all__ = ["FINISHED_SHOWN", "RunCollector"]
@@ -33,9 +33,9 @@ RUN = ["run_id", "name", "owner"]
 class RunCollector(Collector):
     """A prometheus_client collector over a party B's runs (registered on its own registry)."""
 
-    def __init__(self, service: RunService) -> None:
+    def __init__(self, service: Service) -> None:
         self._service = service
-        self._baseline = RawBaseline(service.labels)
+        self._baseline = RawBaseline(service.context.labels)
 
     def collect(self) -> Iterator[Metric]:
         try:
@@ -47,7 +47,7 @@ class RunCollector(Collector):
 
     def _families(self) -> list[Metric]:
         since = datetime.now(UTC) - FINISHED_SHOWN
-        with self._service.sessions() as session:
+        with self._service.context.sessions() as session:
             pairs = overview.runs_with_owners(
                 session, limit=MAX_RUNS_SHOWN, finished=(RunStatus.FINISHED.value, since)
             )

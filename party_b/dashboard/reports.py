@@ -20,7 +20,7 @@ from party_b import store
 from party_b.dashboard.compression import RawBaseline
 from party_b.dashboard.health import RouteLatency, latency_by_route, memory_bytes
 from party_b.errors import ProblemError
-from party_b.service import RunService
+from party_b.service import Service
 from party_b.store import overview
 
 __all__ = ["MAX_POINTS", "MAX_RUNS_SHOWN", "Reports", "RunRow", "run_rows"]
@@ -119,11 +119,11 @@ class RunReport:
 class Reports:
     """Builds the page's data from party B's parts; every method opens its own session."""
 
-    def __init__(self, service: RunService, *, started_at: datetime) -> None:
+    def __init__(self, service: Service, *, started_at: datetime) -> None:
         self._service = service
-        self._sessions: sessionmaker[Session] = service.sessions
+        self._sessions: sessionmaker[Session] = service.context.sessions
         self._started_at = started_at
-        self._baseline = RawBaseline(service.labels)
+        self._baseline = RawBaseline(service.context.labels)
 
     def overview(self) -> Overview:
         now = datetime.now(UTC)
@@ -132,7 +132,7 @@ class Reports:
             rows = self._rows(session, pairs)
             by_status = overview.runs_by_status(session)
             recent = overview.steps_since(session, now - STEP_RATE_WINDOW)
-        memory, kind = memory_bytes(self._service.metrics)
+        memory, kind = memory_bytes(self._service.context.metrics)
         uptime = (now - self._started_at).total_seconds()
         window = STEP_RATE_WINDOW.total_seconds()
         server = ServerHealth(
@@ -140,12 +140,12 @@ class Reports:
             uptime_seconds=uptime,
             open_runs=sum(n for s, n in by_status.items() if s != RunStatus.FINISHED.value),
             runs_by_status=by_status,
-            runs_in_memory=_gauge_value(self._service.metrics.live_runs),
+            runs_in_memory=_gauge_value(self._service.context.metrics.live_runs),
             memory_bytes=memory,
             memory_kind=kind,
             # over the last minute, or since start-up if that is shorter
             steps_per_second=recent / max(1.0, min(window, uptime)),
-            latency=latency_by_route(self._service.metrics),
+            latency=latency_by_route(self._service.context.metrics),
         )
         return Overview(server=server, runs=rows)
 
@@ -188,7 +188,7 @@ def _gauge_value(gauge: Gauge) -> int:
 
 
 def run_rows(
-    session: Session, pairs: list[tuple[store.Run, str]], service: RunService
+    session: Session, pairs: list[tuple[store.Run, str]], service: Service
 ) -> list[RunRow]:
     """The table rows of ``pairs`` (run, owner name): two queries, one index lookup per run
     (never a scan of the step log)."""
@@ -201,7 +201,7 @@ def run_rows(
             owner,
             logged.get(run.id),
             checkpoints.get(run.id),
-            in_memory=service.cache.peek(run.id) is not None,
+            in_memory=service.context.cache.peek(run.id) is not None,
         )
         for run, owner in pairs
     ]

@@ -22,18 +22,14 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from api_schemas import AlignmentOut, PsiInfo, RunCreate, RunStatus
 from party_b import store
 from party_b.errors import ProblemError
-from party_b.labels import LabelSource
-from party_b.metrics import Metrics
-from party_b.service.admission import Admission
-from party_b.service.state import Caller, owned_row
+from party_b.service.context import ServiceContext
+from party_b.service.runstate import Caller, owned_row
 from party_b.service.views import alignment_out
-from party_b.service.wire import decode_limits
-from party_b.settings import Limits
 from shared import codec
 from shared.alignment import hmac_ids, order_by_raw_id
 from shared.psi import (
@@ -110,40 +106,26 @@ class PsiAligner:
 class Alignment:
     """The alignment room: PSI with party A, then aligning a run on the intersection."""
 
-    def __init__(
-        self,
-        *,
-        sessions: sessionmaker[Session],
-        labels: LabelSource,
-        limits: Limits,
-        metrics: Metrics,
-        admission: Admission,
-        checkpoints_kept: int,
-        aligner: Aligner | None = None,
-    ) -> None:
-        self._sessions = sessions
-        self._labels = labels
-        self._limits = limits
-        self._metrics = metrics
-        self._admission = admission
-        self._keep = checkpoints_kept
-        self._aligner = aligner or PsiAligner(labels.ids, self._psi_key)
-        self._decode_limits = decode_limits(limits)
+    def __init__(self, ctx: ServiceContext, aligner: Aligner | None = None) -> None:
+        self._ctx = ctx
+        self._aligner = aligner or PsiAligner(ctx.labels.ids, self._psi_key)
 
     def psi_info(self, caller: Caller) -> PsiInfo:
         """What party A needs before a PSI: party B's dataset version (to look up its cache)."""
         return PsiInfo(
             dataset_version=self._aligner.dataset_version(),
             protocol=PSI_PROTOCOL,
-            size=len(self._labels.ids),
-            max_ids=self._limits.max_aligned_ids,
+            size=len(self._ctx.labels.ids),
+            max_ids=self._ctx.limits.max_aligned_ids,
         )
 
     def psi(self, caller: Caller, body: bytes) -> bytes:
         """One private set intersection request (shared.psi); returns the encoded PsiReply."""
         try:
-            request = decode_psi_request(body, limits=self._decode_limits)
-            reply, count = self._aligner.psi(request.request, max_ids=self._limits.max_aligned_ids)
+            request = decode_psi_request(body, limits=self._ctx.decode_limits)
+            reply, count = self._aligner.psi(
+                request.request, max_ids=self._ctx.limits.max_aligned_ids
+            )
         except PsiTooLarge as exc:
             raise ProblemError.limit(str(exc)) from None
         except (PsiError, codec.CodecError) as exc:
@@ -151,8 +133,8 @@ class Alignment:
         # Every PSI answers "which of these ids do you hold?": keep a record of who asked.
         log.info("PSI request from %s: %d ids offered", caller.name, count)
         data = encode_psi_reply(reply)
-        self._metrics.bytes_received.labels("psi").inc(len(body))
-        self._metrics.bytes_sent.labels("psi").inc(len(data))
+        self._ctx.metrics.bytes_received.labels("psi").inc(len(body))
+        self._ctx.metrics.bytes_sent.labels("psi").inc(len(data))
         return data
 
     def align(self, caller: Caller, run_id: str, hashed_hex: Sequence[str]) -> AlignmentOut:
@@ -161,21 +143,21 @@ class Alignment:
         Party A sends HMAC(run key, id) of the ids in its private set intersection with party B
         (``psi``), none other; party B keeps the ones it holds.
         """
-        if len(hashed_hex) > self._limits.max_aligned_ids:
+        if len(hashed_hex) > self._ctx.limits.max_aligned_ids:
             raise ProblemError.limit(
-                f"{len(hashed_hex)} ids, over the limit {self._limits.max_aligned_ids}"
+                f"{len(hashed_hex)} ids, over the limit {self._ctx.limits.max_aligned_ids}"
             )
         offered = [bytes.fromhex(h) for h in hashed_hex]
-        with self._sessions() as session:
+        with self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
-            own = hmac_ids(bytes.fromhex(run.alignment_key), self._labels.ids)
-            labeled = self._labels.labeled
+            own = hmac_ids(bytes.fromhex(run.alignment_key), self._ctx.labels.ids)
+            labeled = self._ctx.labels.labeled
             # rows without a label are served, never trained or evaluated on
             trainable = own
             if labeled is not None:
                 trainable = [k for k, ok in zip(own, labeled, strict=True) if ok]
             common = self._aligner.intersect(set(trainable), offered)
-            aligned = order_by_raw_id(self._labels.ids, own, common)
+            aligned = order_by_raw_id(self._ctx.labels.ids, own, common)
             if run.status != RunStatus.CREATED.value:
                 if run.aligned_ids == b"".join(aligned):
                     return alignment_out(run, aligned)  # a retried call: same answer
@@ -204,7 +186,7 @@ class Alignment:
                 f"{len(aligned)} ids in common leave {len(train_pos)} training samples "
                 f"(eval_fraction={spec.eval_fraction}), fewer than batch_size={spec.batch_size}"
             )
-        model_state, optimizer_state = self._admission.new_trainer(spec).state()
+        model_state, optimizer_state = self._ctx.admission.new_trainer(spec).state()
         run.aligned_ids = b"".join(aligned)
         run.train_size, run.eval_size = len(train_pos), len(eval_pos)
         run.status = RunStatus.TRAINING.value
@@ -216,10 +198,10 @@ class Alignment:
             optimizer_state=optimizer_state,
             request_sha256=None,
             response=None,
-            keep=self._keep,
+            keep=self._ctx.checkpoints_kept,
         )
 
     def _psi_key(self, ids_sha256: str) -> tuple[str, bytes]:
-        with self._sessions() as session:
+        with self._ctx.sessions() as session:
             row = store.psi_key(session, ids_sha256=ids_sha256, new_key=new_server_key)
             return row.dataset_version, row.private_key

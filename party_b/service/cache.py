@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from party_b.metrics import Metrics
-from party_b.service.state import Caller, RunState
+from party_b.service.runstate import Caller, RunState
 
 __all__ = ["FINISHED_KEPT", "RunCache"]
 

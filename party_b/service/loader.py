@@ -12,9 +12,9 @@ from party_b.errors import ProblemError
 from party_b.labels import LabelSource
 from party_b.privacy import PrivacyPolicy
 from party_b.privacy.run import RunPrivacy
+from party_b.service.activations import dequantizer
 from party_b.service.admission import Admission
-from party_b.service.state import Caller, RunState, owned_row
-from party_b.service.wire import dequantizer
+from party_b.service.runstate import Caller, RunState, owned_row
 from party_b.top import TopTrainer
 from shared.alignment import hmac_ids
 from shared.schedule import split_train_eval

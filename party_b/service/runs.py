@@ -7,19 +7,16 @@ import uuid
 from contextlib import nullcontext
 
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from api_schemas import EvalResultOut, ProblemType, RunCreate, RunOut, RunStatus, StepLogOut
 from party_b import store
 from party_b.errors import ProblemError
-from party_b.labels import LabelSource
 from party_b.privacy import PrivacyPolicy
 from party_b.privacy.run import RunPrivacy
-from party_b.service.admission import Admission
-from party_b.service.cache import RunCache
-from party_b.service.state import Caller, owned_row
+from party_b.service.context import ServiceContext
+from party_b.service.runstate import Caller, owned_row
 from party_b.service.views import run_out
-from party_b.settings import Limits
 from shared.training import state_sha256
 
 __all__ = ["Runs"]
@@ -28,24 +25,8 @@ log = logging.getLogger("fedlite.party_b")
 
 
 class Runs:
-    def __init__(
-        self,
-        *,
-        sessions: sessionmaker[Session],
-        labels: LabelSource,
-        limits: Limits,
-        admission: Admission,
-        cache: RunCache,
-        checkpoints_kept: int,
-        privacy: PrivacyPolicy,
-    ) -> None:
-        self._privacy = privacy  # what every new run gets; stored with it
-        self._sessions = sessions
-        self._labels = labels
-        self._limits = limits
-        self._admission = admission
-        self._cache = cache
-        self._keep = checkpoints_kept
+    def __init__(self, ctx: ServiceContext) -> None:
+        self._ctx = ctx
         self._create_lock = threading.Lock()  # a quota check and its insert, one at a time
 
     def recover(self) -> list[tuple[str, str, int]]:
@@ -55,7 +36,7 @@ class Runs:
         rows past them (steps applied after the last checkpoint died with the old process).
         """
         resumed = []
-        with self._sessions() as session:
+        with self._ctx.sessions() as session:
             for run in store.runs_in_status(session, RunStatus.TRAINING.value):
                 steps = store.checkpoint_steps(session, run.id)
                 last = steps[-1] if steps else 0
@@ -67,9 +48,9 @@ class Runs:
             session.commit()
         return resumed
 
-    def create(self, caller: Caller, spec: RunCreate, idempotency_key: str | None) -> RunOut:
+    def create(self, caller: Caller, spec: RunCreate, idempotency_key: str | None = None) -> RunOut:
         """A new run; with ``idempotency_key``, a repeat of the same request gets the same run."""
-        top = self._admission.check(spec)
+        top = self._ctx.admission.check(spec)
         run = store.Run(
             id=uuid.uuid4().hex,
             owner_id=caller.token_id,
@@ -77,17 +58,17 @@ class Runs:
             status=RunStatus.CREATED.value,
             config=spec.model_dump(mode="json"),
             alignment_key=secrets.token_hex(32),
-            num_classes=self._labels.num_outputs,
+            num_classes=self._ctx.labels.num_outputs,
             side_features=int(top.get("side_features", 0)),
         )
-        with self._create_lock, self._sessions() as session:
+        with self._create_lock, self._ctx.sessions() as session:
             if idempotency_key is not None:
                 earlier = self._created_with(session, caller, spec, idempotency_key)
                 if earlier is not None:
                     return earlier
             self._check_quota(session, caller)
             store.add_run(session, run, idempotency_key)
-            privacy = RunPrivacy.new(self._privacy)
+            privacy = RunPrivacy.new(self._ctx.privacy)
             store.add_run_privacy(session, run.id, privacy.policy.to_stored(), privacy.secret)
             try:
                 session.commit()
@@ -101,36 +82,36 @@ class Runs:
             return run_out(session, run, None)
 
     def list_runs(self, caller: Caller) -> list[RunOut]:
-        with self._sessions() as session:
+        with self._ctx.sessions() as session:
             runs = store.runs_of(session, caller.token_id)
-            return [run_out(session, run, self._cache.peek(run.id)) for run in runs]
+            return [run_out(session, run, self._ctx.cache.peek(run.id)) for run in runs]
 
     def get(self, caller: Caller, run_id: str) -> RunOut:
         """The run; for an aligned one also its top model's checksum at the reported step."""
-        with self._sessions() as session:
+        with self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
             if run.status == RunStatus.CREATED.value:
                 return run_out(session, run, None)
         try:
-            state = self._cache.owned(caller, run_id)
+            state = self._ctx.cache.owned(caller, run_id)
         except ProblemError:  # e.g. the label table lost ids: still show the run
-            with self._sessions() as session:
+            with self._ctx.sessions() as session:
                 return run_out(session, owned_row(session, caller, run_id), None)
-        with state.lock, self._sessions() as session:  # step and checksum of one moment
+        with state.lock, self._ctx.sessions() as session:  # step and checksum of one moment
             out = run_out(session, owned_row(session, caller, run_id), state)
             out.model_sha256 = state_sha256(state.trainer.model.state_dict())
             return out
 
     def finish(self, caller: Caller, run_id: str) -> RunOut:
         """No more steps; the final model is checkpointed and keeps serving predictions."""
-        with self._sessions() as session:
+        with self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
             if run.status == RunStatus.FINISHED.value:
-                return run_out(session, run, self._cache.peek(run_id))
+                return run_out(session, run, self._ctx.cache.peek(run_id))
             if run.status != RunStatus.TRAINING.value:
                 raise ProblemError.run_state(f"run is {run.status}; align and train it first")
-        state = self._cache.owned(caller, run_id)
-        with state.lock, self._sessions() as session:
+        state = self._ctx.cache.owned(caller, run_id)
+        with state.lock, self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
             if run.status == RunStatus.TRAINING.value:
                 model_state, optimizer_state = state.trainer.state()
@@ -142,28 +123,28 @@ class Runs:
                     optimizer_state=optimizer_state,
                     request_sha256=state.last_request_sha,
                     response=state.last_response,
-                    keep=self._keep,
+                    keep=self._ctx.checkpoints_kept,
                 )
                 run.status = RunStatus.FINISHED.value
                 session.commit()
                 state.finished = True
-                self._cache.retire(run_id, state)
+                self._ctx.cache.retire(run_id, state)
             return run_out(session, run, state)
 
     def delete(self, caller: Caller, run_id: str) -> None:
         """Delete the caller's run and all its stored state; it no longer counts against
         ``max_runs_per_token``. A request of the run in flight finishes first (its lock)."""
-        with self._sessions() as session:
+        with self._ctx.sessions() as session:
             owned_row(session, caller, run_id)  # 404 for another caller's run, as for none
-        state = self._cache.peek(run_id)
-        with state.lock if state is not None else nullcontext(), self._sessions() as session:
+        state = self._ctx.cache.peek(run_id)
+        with state.lock if state is not None else nullcontext(), self._ctx.sessions() as session:
             owned_row(session, caller, run_id)  # a concurrent delete: 404
             store.delete_run(session, run_id)
             session.commit()
-            self._cache.drop(run_id)
+            self._ctx.cache.drop(run_id)
 
     def step_log(self, caller: Caller, run_id: str, start: int, limit: int) -> list[StepLogOut]:
-        with self._sessions() as session:
+        with self._ctx.sessions() as session:
             owned_row(session, caller, run_id)
             stored = store.run_privacy(session, run_id)
             policy = PrivacyPolicy.from_stored(stored.policy if stored else None)
@@ -177,18 +158,18 @@ class Runs:
             return out
 
     def eval_results(self, caller: Caller, run_id: str) -> list[EvalResultOut]:
-        with self._sessions() as session:
+        with self._ctx.sessions() as session:
             owned_row(session, caller, run_id)
             rows = store.eval_results(session, run_id)
             return [EvalResultOut.model_validate(r, from_attributes=True) for r in rows]
 
     def _check_quota(self, session: Session, caller: Caller) -> None:
         open_runs = store.count_open_runs(session, caller.token_id, RunStatus.FINISHED.value)
-        if open_runs >= self._limits.max_runs_per_token:
+        if open_runs >= self._ctx.limits.max_runs_per_token:
             raise ProblemError(
                 ProblemType.TOO_MANY_RUNS,
                 f"this token already has {open_runs} unfinished runs "
-                f"(limit {self._limits.max_runs_per_token}); finish or delete one first",
+                f"(limit {self._ctx.limits.max_runs_per_token}); finish or delete one first",
             )
 
     def _created_with(
@@ -202,4 +183,4 @@ class Runs:
                 ProblemType.IDEMPOTENCY_KEY_REUSED,
                 f"run {run.id} was created with this Idempotency-Key and another configuration",
             )
-        return run_out(session, run, self._cache.peek(run.id))
+        return run_out(session, run, self._ctx.cache.peek(run.id))

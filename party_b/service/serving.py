@@ -8,18 +8,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
-from sqlalchemy.orm import Session, sessionmaker
 from torch import Tensor
 
 from api_schemas import ProblemType
 from party_b import store
 from party_b.errors import ProblemError
-from party_b.labels import LabelSource
-from party_b.metrics import Metrics
-from party_b.service import wire
-from party_b.service.cache import RunCache
+from party_b.service import activations
+from party_b.service.context import ServiceContext
 from party_b.service.loader import key_index
-from party_b.service.state import Caller, RunState
+from party_b.service.runstate import Caller, RunState
 from party_b.service.views import finite_or_none
 from party_b.top import OutputNotFinite
 from shared import codec
@@ -29,28 +26,18 @@ __all__ = ["Serving"]
 
 
 class Serving:
-    def __init__(
-        self,
-        *,
-        sessions: sessionmaker[Session],
-        labels: LabelSource,
-        cache: RunCache,
-        metrics: Metrics,
-        decode_limits: codec.DecodeLimits,
-    ) -> None:
-        self._sessions = sessions
-        self._labels = labels
-        self._cache = cache
-        self._metrics = metrics
-        self._decode_limits = decode_limits
+    def __init__(self, ctx: ServiceContext) -> None:
+        self._ctx = ctx
 
     def evaluate(self, caller: Caller, run_id: str, body: bytes, split: str = "eval") -> bytes:
         """Forward only over all ``split`` samples (in aligned order); metrics stay at party B."""
         if split not in ("eval", "train"):
             raise ProblemError.invalid(f"split must be 'eval' or 'train', got {split!r}")
-        state = self._cache.owned(caller, run_id)
+        state = self._ctx.cache.owned(caller, run_id)
         with state.lock:
-            request = wire.decode(codec.decode_evaluate_request, body, self._decode_limits)
+            request = activations.decode(
+                codec.decode_evaluate_request, body, self._ctx.decode_limits
+            )
             positions = state.positions_of(split)
             if len(positions) == 0:
                 raise ProblemError.invalid(f"the run has no {split} samples")
@@ -61,7 +48,7 @@ class Serving:
                     f"{split} samples",
                 )
             rows_per_sample = state.rows_per_sample
-            z_tilde = wire.dequantize(
+            z_tilde = activations.dequantize(
                 state,
                 request.chunks,
                 expected_rows=rows_per_sample * len(positions),
@@ -70,11 +57,11 @@ class Serving:
             rows = state.label_rows[positions]
             with _out_of_range():
                 outcome = state.trainer.evaluate(
-                    z_tilde, self._labels.targets(rows), self._side(state, rows)
+                    z_tilde, self._ctx.labels.targets(rows), self._side(state, rows)
                 )
             # "eval+raw": the same samples, sent unquantized (z, not z~)
-            logged_split = split if wire.is_quantized(request.chunks) else f"{split}+raw"
-            with self._sessions() as session:
+            logged_split = split if activations.is_quantized(request.chunks) else f"{split}+raw"
+            with self._ctx.sessions() as session:
                 store.log_evaluation(
                     session,
                     run_id=run_id,
@@ -88,24 +75,24 @@ class Serving:
         response = codec.encode_evaluate_response(
             codec.EvaluateResponse(n=outcome.n, loss=outcome.loss, metrics=outcome.metrics)
         )
-        self._metrics.bytes_received.labels("evaluate").inc(len(body))
-        self._metrics.bytes_sent.labels("evaluate").inc(len(response))
+        self._ctx.metrics.bytes_received.labels("evaluate").inc(len(body))
+        self._ctx.metrics.bytes_sent.labels("evaluate").inc(len(response))
         return response
 
     def predict(self, caller: Caller, run_id: str, body: bytes) -> bytes:
         """Forward only for the given (hashed) ids: serving after or during training."""
-        state = self._cache.owned(caller, run_id)
+        state = self._ctx.cache.owned(caller, run_id)
         if state.rows_per_sample != 1:
             raise ProblemError.invalid(
                 f"predict gives one score per sample; this run's model makes "
                 f"{state.rows_per_sample} activation rows per sample (one per token)"
             )
-        request = wire.decode(codec.decode_predict_request, body, self._decode_limits)
+        request = activations.decode(codec.decode_predict_request, body, self._ctx.decode_limits)
         side: Tensor | None = None
         with state.lock:
             if state.config.use_side_features and state.trainer.model.side_features:
-                side = self._labels.side(self._rows_of(state, request.ids))
-            z_tilde = wire.dequantize(
+                side = self._ctx.labels.side(self._rows_of(state, request.ids))
+            z_tilde = activations.dequantize(
                 state, request.chunks, expected_rows=request.rows, allow_raw=True
             )
             with _out_of_range():
@@ -113,17 +100,17 @@ class Serving:
         response = codec.encode_predict_response(
             codec.PredictResponse(ids=request.ids, scores=scores.numpy())
         )
-        self._metrics.bytes_received.labels("predict").inc(len(body))
-        self._metrics.bytes_sent.labels("predict").inc(len(response))
+        self._ctx.metrics.bytes_received.labels("predict").inc(len(body))
+        self._ctx.metrics.bytes_sent.labels("predict").inc(len(response))
         return response
 
     def _side(self, state: RunState, rows: np.ndarray) -> Tensor | None:
-        return self._labels.side(rows) if state.trainer.model.side_features else None
+        return self._ctx.labels.side(rows) if state.trainer.model.side_features else None
 
     def _rows_of(self, state: RunState, hashed_hex: list[str]) -> np.ndarray:
         """Label-source rows of hashed ids (caller holds state.lock)."""
         if state.key_index is None:
-            state.key_index = key_index(state.alignment_key, self._labels)
+            state.key_index = key_index(state.alignment_key, self._ctx.labels)
         rows, unknown = [], 0
         for h in hashed_hex:
             try:

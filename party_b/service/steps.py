@@ -14,12 +14,12 @@ back to a common checkpoint with ``resume``.
 
 One step, in order (``Steps.step``)::
 
-    request = wire.decode(body)                       400 if malformed
+    request = activations.decode(body)                400 if malformed
     replay or order check                             stored answer, or 409
     batch   = state.batch(t); check digest, chunks    409 / 422
-    z~      = wire.dequantize(request.chunks)         422 if they do not fit the run
+    z~      = activations.dequantize(request.chunks)  422 if they do not fit the run
     outcome, reply = protected_step(z~, labels, ...)  422 if it diverges     } no state
-    answer  = downlink.step_response(reply)           the bytes party A gets } changed yet
+    answer  = answer.step_response(reply)             the bytes party A gets } changed yet
     commit: trainer.apply_step(), log (+ checkpoint), state.commit(t, answer)
 
 Everything that can fail runs before the commit, which is the only place state changes; a
@@ -32,18 +32,14 @@ import logging
 import time
 from dataclasses import dataclass
 
-from sqlalchemy.orm import Session, sessionmaker
-
 from api_schemas import ProblemType, RunOut, RunStatus
 from party_b import store
 from party_b.errors import ProblemError
-from party_b.labels import LabelSource
-from party_b.metrics import Metrics
 from party_b.privacy.run import protected_step
-from party_b.service import downlink, wire
-from party_b.service.cache import RunCache
+from party_b.service import activations, answer
+from party_b.service.context import ServiceContext
 from party_b.service.loader import restore
-from party_b.service.state import Caller, RunState, owned_row
+from party_b.service.runstate import Caller, RunState, owned_row
 from party_b.service.views import finite_or_none, run_out
 from party_b.top import DivergedError, StepOutcome
 from shared import codec
@@ -69,31 +65,17 @@ class _Computed:
 
 
 class Steps:
-    def __init__(
-        self,
-        *,
-        sessions: sessionmaker[Session],
-        labels: LabelSource,
-        cache: RunCache,
-        metrics: Metrics,
-        decode_limits: codec.DecodeLimits,
-        checkpoints_kept: int,
-    ) -> None:
-        self._sessions = sessions
-        self._labels = labels
-        self._cache = cache
-        self._metrics = metrics
-        self._decode_limits = decode_limits
-        self._keep = checkpoints_kept
+    def __init__(self, ctx: ServiceContext) -> None:
+        self._ctx = ctx
 
     def step(self, caller: Caller, run_id: str, body: bytes) -> bytes:
         """Apply one training step exactly once; returns the encoded StepResponse."""
         started = time.perf_counter()
-        state = self._cache.owned(caller, run_id)
+        state = self._ctx.cache.owned(caller, run_id)
         with state.lock:
             if state.finished:
                 raise ProblemError.run_state("run is finished; it takes no more steps")
-            request = wire.decode(codec.decode_step_request, body, self._decode_limits)
+            request = activations.decode(codec.decode_step_request, body, self._ctx.decode_limits)
             sha = hashlib.sha256(body).digest()
             stored = self._replayed(state, request.step, sha)
             if stored is not None:
@@ -104,8 +86,8 @@ class Steps:
 
     def resume(self, caller: Caller, run_id: str, from_step: int) -> RunOut:
         """Roll the run back to one of its checkpoints (party A resumes from its own copy)."""
-        state = self._cache.owned(caller, run_id)
-        with state.lock, self._sessions() as session:
+        state = self._ctx.cache.owned(caller, run_id)
+        with state.lock, self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
             if run.status != RunStatus.TRAINING.value:
                 raise ProblemError.run_state(f"run is {run.status}; only training runs resume")
@@ -124,7 +106,7 @@ class Steps:
             except BaseException:
                 # the model may be half loaded, or loaded while the database kept the later
                 # steps: forget it, and the next use reloads the newest checkpoint
-                self._cache.drop(run_id)
+                self._ctx.cache.drop(run_id)
                 raise
             state.commit(checkpoint.step, checkpoint.request_sha256, checkpoint.response)
             log.info("run %s rolled back to step %d at party A's request", run_id, from_step)
@@ -136,17 +118,17 @@ class Steps:
         """The stored answer of a resent step; 409 for any step but the next one."""
         if step == state.step and state.last_response is not None:
             if sha != state.last_request_sha:
-                self._metrics.steps.labels("rejected").inc()
+                self._ctx.metrics.steps.labels("rejected").inc()
                 raise ProblemError(
                     ProblemType.STEP_REPLAY_MISMATCH,
                     f"step {step} was applied with a different request; "
                     "party A's state diverged from party B's",
                     applied_step=state.step,
                 )
-            self._metrics.steps.labels("replayed").inc()
+            self._ctx.metrics.steps.labels("replayed").inc()
             return state.last_response
         if step != state.step + 1:
-            self._metrics.steps.labels("rejected").inc()
+            self._ctx.metrics.steps.labels("rejected").inc()
             when = "future" if step > state.step else "past"
             raise ProblemError(
                 ProblemType.STEP_OUT_OF_ORDER,
@@ -173,7 +155,7 @@ class Steps:
         """The step's outcome and encoded answer; changes no state (checks first: 409/422)."""
         batch = state.batch(request.step)
         if request.batch_digest != batch_digest([state.aligned[p] for p in batch.positions]):
-            self._metrics.steps.labels("rejected").inc()
+            self._ctx.metrics.steps.labels("rejected").inc()
             raise ProblemError(
                 ProblemType.BATCH_MISMATCH,
                 f"the batch digest of step {request.step} does not match party B's batch; "
@@ -185,19 +167,19 @@ class Steps:
                 f"chunks of {[c.B for c in request.chunks]} rows, the run's schedule has "
                 f"{list(expected)} at step {request.step}"
             )
-        z_tilde = wire.dequantize(state, request.chunks, expected_rows=sum(expected))
+        z_tilde = activations.dequantize(state, request.chunks, expected_rows=sum(expected))
         decoded = time.perf_counter()
         rows = state.label_rows[batch.positions]
-        side = self._labels.side(rows) if state.trainer.model.side_features else None
+        side = self._ctx.labels.side(rows) if state.trainer.model.side_features else None
         try:
             # the run's label-privacy policy: what party A may learn of the labels
             outcome, reply = protected_step(
                 state.trainer,
                 z_tilde,
-                self._labels.targets(rows),
+                self._ctx.labels.targets(rows),
                 side,
                 rows=rows,
-                num_classes=self._labels.num_outputs,
+                num_classes=self._ctx.labels.num_outputs,
                 step=request.step,
                 dropout_seed=step_seed(state.config.seed, request.step, "dropout-top"),
                 privacy=state.privacy,
@@ -210,14 +192,14 @@ class Steps:
             ) from None
         computed = time.perf_counter()
         # the reply: the defended (rows, d) d loss / d z~, and what the metrics policy shows
-        response = downlink.step_response(
+        response = answer.step_response(
             step=request.step,
             loss=reply.loss,
             step_metrics=reply.metrics,
             grad=reply.grad.numpy(),
-            downlink=downlink.run_downlink(state.config.downlink),
+            downlink=answer.run_downlink(state.config.downlink),
             run_seed=state.config.seed,
-            metrics=self._metrics,
+            metrics=self._ctx.metrics,
         )
         return _Computed(
             request.step, sha, outcome, response, body_bytes, started, decoded, computed
@@ -233,17 +215,17 @@ class Steps:
         except BaseException:
             # The model moved but the step is not durable: forget the in-memory state so the
             # next call reloads the last checkpoint and party A rolls back to it.
-            self._cache.drop(state.run_id)
+            self._ctx.cache.drop(state.run_id)
             raise
         state.commit(c.step, c.request_sha, c.response)
-        self._metrics.steps.labels("applied").inc()
-        self._metrics.step_compute.observe(c.computed - c.decoded)
-        self._metrics.bytes_received.labels("step").inc(c.body_bytes)
-        self._metrics.bytes_sent.labels("step").inc(len(c.response))
+        self._ctx.metrics.steps.labels("applied").inc()
+        self._ctx.metrics.step_compute.observe(c.computed - c.decoded)
+        self._ctx.metrics.bytes_received.labels("step").inc(c.body_bytes)
+        self._ctx.metrics.bytes_sent.labels("step").inc(len(c.response))
 
     def _record(self, state: RunState, c: _Computed) -> None:
         """Log the step and, at checkpoint steps, save a checkpoint: one transaction."""
-        with self._sessions() as session:
+        with self._ctx.sessions() as session:
             store.log_step(
                 session,
                 run_id=state.run_id,
@@ -266,6 +248,6 @@ class Steps:
                     optimizer_state=optimizer_state,
                     request_sha256=c.request_sha,
                     response=c.response,
-                    keep=self._keep,
+                    keep=self._ctx.checkpoints_kept,
                 )
             session.commit()

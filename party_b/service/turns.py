@@ -31,7 +31,7 @@ from functools import partial
 
 from party_b.metrics import Metrics
 from party_b.service.cache import RunCache
-from party_b.service.state import Caller, RunState
+from party_b.service.runstate import Caller, RunState
 from shared.codec import peek_step
 
 __all__ = ["HOLD_SECONDS", "MAX_AHEAD", "Offload", "Turns"]
@@ -44,7 +44,7 @@ MAX_AHEAD = 16
 # long enough for a predecessor that left party A a moment earlier on another connection (a
 # WAN's jitter, a TLS handshake, a wait for a worker thread behind other runs' steps), short
 # enough that a predecessor that never comes delays party A's usual 409 path by a few seconds
-# only, far below its request timeout (120 s, party_a/client.py).
+# only, far below its request timeout (120 s, party_a/transport/http.py).
 HOLD_SECONDS = 5.0
 
 # runs a blocking call in a worker thread (the API's ``in_thread``)

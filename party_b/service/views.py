@@ -7,7 +7,7 @@ from sqlalchemy.orm import Session
 from api_schemas import AlignmentOut, RunCreate, RunOut, RunStatus
 from api_schemas.runs import AlignmentInfo
 from party_b import store
-from party_b.service.state import RunState
+from party_b.service.runstate import RunState
 
 __all__ = ["alignment_out", "finite_or_none", "run_out"]
 

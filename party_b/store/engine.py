@@ -3,6 +3,7 @@
 SQLite by default (WAL journal, busy timeout, foreign keys on); any SQLAlchemy URL works.
 """
 
+import logging
 from typing import Any
 
 from sqlalchemy import Engine, Integer, create_engine, event, func, select, text
@@ -10,7 +11,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from party_b.store.tables import Base
 
-__all__ = ["copy_database", "make_engine", "make_session_factory"]
+__all__ = ["checkpoint_wal", "copy_database", "make_engine", "make_session_factory"]
+
+log = logging.getLogger("fedlite.party_b")
 
 
 def make_engine(url: str) -> Engine:
@@ -75,3 +78,20 @@ def copy_database(source: Engine, target: Engine, *, batch: int = 200) -> dict[s
                             )
                         )
     return copied
+
+
+def checkpoint_wal(engine: Engine) -> None:
+    """Copy every committed page from the WAL into the database file and empty the WAL
+    (SQLite only; a no-op for other databases). Called when party B stops."""
+    if engine.dialect.name != "sqlite":
+        return
+    with engine.connect() as connection:
+        row = connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").one()
+    busy, wal_pages, moved = (int(v) for v in row)
+    if busy or moved < wal_pages:
+        log.warning(
+            "WAL checkpoint incomplete (%d of %d pages; a reader was busy): the database "
+            "file alone may lack the newest rows; keep its -wal file with it",
+            moved,
+            wal_pages,
+        )

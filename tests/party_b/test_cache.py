@@ -23,18 +23,20 @@ def test_no_bookkeeping_is_left_behind_per_run_id(tmp_path: Path) -> None:
     )
     scenario = SCENARIOS["femnist-fedlite"]
     spec = scenario.run_create("bounded", steps=10, seed=0)
-    run = service.create_run(caller, spec)
-    answer = service.align(caller, run.id, hashed_ids(run.alignment_key, read_ids(labels_csv)))
+    run = service.runs.create(caller, spec)
+    answer = service.alignment.align(
+        caller, run.id, hashed_ids(run.alignment_key, read_ids(labels_csv))
+    )
     schedule = StepSchedule(scenario, spec, answer.intersection)
 
     for unknown in ("nope-1", "nope-2", "nope-3"):
         with pytest.raises(ProblemError):
-            service.step(caller, unknown, schedule.body(1))
+            service.steps.step(caller, unknown, schedule.body(1))
     for t in (1, 2):
-        service.step(caller, run.id, schedule.body(t))
-    service.finish(caller, run.id)
+        service.steps.step(caller, run.id, schedule.body(t))
+    service.runs.finish(caller, run.id)
 
-    assert service.cache._loading == {}  # noqa: SLF001 - the bookkeeping under test
+    assert service.context.cache._loading == {}  # noqa: SLF001 - the bookkeeping under test
 
 
 def test_a_failed_load_lets_exactly_one_waiter_load_again(tmp_path: Path) -> None:
@@ -48,9 +50,9 @@ def test_a_failed_load_lets_exactly_one_waiter_load_again(tmp_path: Path) -> Non
     )
     scenario = SCENARIOS["femnist-fedlite"]
     spec = scenario.run_create("reloaded", steps=10, seed=0)
-    run = service.create_run(caller, spec)
-    service.align(caller, run.id, hashed_ids(run.alignment_key, read_ids(labels_csv)))
-    real_load = service.loader  # a cache of its own: the run is only in the database
+    run = service.runs.create(caller, spec)
+    service.alignment.align(caller, run.id, hashed_ids(run.alignment_key, read_ids(labels_csv)))
+    real_load = service.context.loader  # a cache of its own: the run is only in the database
     active, peak, calls = [0], [0], [0]
     guard = threading.Lock()
     everyone_waiting = threading.Barrier(8)

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from party_b import auth
 from party_b.api import create_app
 from party_b.dashboard.health import quantile
-from party_b.preflight import StartupError
+from party_b.errors import StartupError
 from party_b.settings import Settings
 from party_b.store import make_engine, make_session_factory
 from shared.accounting import raw_step_request_bytes

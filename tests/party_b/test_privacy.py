@@ -22,7 +22,7 @@ from party_b.metrics import Metrics
 from party_b.privacy import PRESETS, PrivacyPolicy, parse_policy
 from party_b.privacy.defences import perturb_gradient, randomized_labels
 from party_b.privacy.marvell import MarvellCovariance, marvell_noise, solve_marvell, sum_kl
-from party_b.service import RunService
+from party_b.service import build_service
 from party_b.settings import Limits, Settings
 from shared import codec
 from tests.utils.live import live_server
@@ -51,15 +51,15 @@ def test_a_defended_run_replays_and_resumes_bit_identically_under_its_own_policy
     answers = []
     for step in range(1, STEPS + 1):
         body = run.step_body(step)
-        answers.append(service.step(party_b.caller, run.id, body))
-        assert service.step(party_b.caller, run.id, body) == answers[-1]  # stored, not redone
+        answers.append(service.steps.step(party_b.caller, run.id, body))
+        assert service.steps.step(party_b.caller, run.id, body) == answers[-1]  # stored, not redone
 
     # Act: party B restarts with the switch now "off", and party A rolls the run back to the
     # checkpoint of step 2 and sends steps 3..6 again: party B computes them anew
     service = party_b.service(PRESETS["off"])
-    service.recover()
-    service.resume(party_b.caller, run.id, 2)
-    again = [service.step(party_b.caller, run.id, run.step_body(t)) for t in range(3, 7)]
+    service.runs.recover()
+    service.steps.resume(party_b.caller, run.id, 2)
+    again = [service.steps.step(party_b.caller, run.id, run.step_body(t)) for t in range(3, 7)]
 
     # Assert: the same bytes (the run kept its policy and its secret), and the defence is on:
     # the gradients are not an undefended run's, and the reply hides the accuracy
@@ -67,7 +67,7 @@ def test_a_defended_run_replays_and_resumes_bit_identically_under_its_own_policy
     plain = small_party_b(tmp_path / "plain")
     plain_service = plain.service()
     plain_run = aligned_in_process(plain_service, plain.caller)
-    undefended = plain_service.step(plain.caller, plain_run.id, plain_run.step_body(1))
+    undefended = plain_service.steps.step(plain.caller, plain_run.id, plain_run.step_body(1))
     defended = codec.decode_step_response(answers[0])
     assert not np.array_equal(defended.grad, codec.decode_step_response(undefended).grad)
     assert set(defended.metrics) == {"n"} and math.isfinite(defended.loss)
@@ -178,7 +178,7 @@ def test_randomized_response_needs_class_labels(tmp_path: Path) -> None:
     party_b = small_party_b(tmp_path)
     tags = TagLabels(row_ids=["a", "b"], tags=np.array([[1, 0], [0, 1]], dtype=np.uint8))
     with pytest.raises(ValueError, match="needs class labels; this label source is a multilabel"):
-        RunService(
+        build_service(
             sessions=party_b.sessions,
             labels=tags,
             limits=Limits(),
@@ -198,8 +198,10 @@ def test_two_runs_of_the_same_seed_get_different_noise_from_party_bs_secret(
     assert first.id != second.id
 
     # Act: the same first step in each
-    a = codec.decode_step_response(service.step(party_b.caller, first.id, first.step_body(1)))
-    b = codec.decode_step_response(service.step(party_b.caller, second.id, second.step_body(1)))
+    a = codec.decode_step_response(service.steps.step(party_b.caller, first.id, first.step_body(1)))
+    b = codec.decode_step_response(
+        service.steps.step(party_b.caller, second.id, second.step_body(1))
+    )
 
     # Assert: the same model and batch (same loss), but not the same noise: party A's seed
     # does not fix party B's draws
@@ -291,7 +293,7 @@ def test_marvell_needs_binary_class_labels(tmp_path: Path) -> None:
     party_b = small_party_b(tmp_path)
     tags = TagLabels(row_ids=["a", "b"], tags=np.array([[1, 0], [0, 1]], dtype=np.uint8))
     with pytest.raises(ValueError, match="marvell needs binary class labels"):
-        RunService(
+        build_service(
             sessions=party_b.sessions,
             labels=tags,
             limits=Limits(),

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import Engine, event
 
 from party_b.errors import ProblemError
-from party_b.service import Caller, RunService
+from party_b.service import Caller, Service
 from tests.utils.small_runs import SmallRun, aligned_in_process, small_party_b
 
 
@@ -34,7 +34,7 @@ def statements(engine: Engine) -> Iterator[list[str]]:
         event.remove(engine, "before_cursor_execute", record)
 
 
-def _operations(run: SmallRun) -> dict[str, Callable[[RunService, Caller, str], object]]:
+def _operations(run: SmallRun) -> dict[str, Callable[[Service, Caller, str], object]]:
     """Every run-scoped operation, with arguments that are valid for ``run``."""
     step, evaluate, predict = run.step_body(2), run.evaluate_body(), run.predict_body()
     ids = [k.hex() for k in run.aligned]
@@ -61,7 +61,7 @@ def test_another_tokens_run_takes_the_same_path_as_an_unknown_id(tmp_path: Path)
     party_b = small_party_b(tmp_path)
     service = party_b.service()
     loaded = aligned_in_process(service, party_b.caller, name="loaded")
-    service.step(party_b.caller, loaded.id, loaded.step_body(1))  # in memory now
+    service.steps.step(party_b.caller, loaded.id, loaded.step_body(1))  # in memory now
     unloaded = aligned_in_process(party_b.service(), party_b.caller, name="unloaded")
     engine = party_b.sessions.kw["bind"]
 
@@ -79,4 +79,4 @@ def test_another_tokens_run_takes_the_same_path_as_an_unknown_id(tmp_path: Path)
         assert paths["unknown"][0] == (404, "urn:fedlite:problem:not-found"), name
 
     # the owner's run went on untouched: step 2 is still the next one
-    assert service.get_run(party_b.caller, loaded.id).step == 1
+    assert service.runs.get(party_b.caller, loaded.id).step == 1

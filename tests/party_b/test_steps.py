@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from party_b.api import create_app
-from party_b.service import Caller, RunService
+from party_b.service import Caller, Service
 from party_b.settings import Settings
 from shared import codec
 from tests.utils.live import live_server
@@ -56,8 +56,8 @@ def _option_id(options: dict[str, Any]) -> str:
     return f"{options['quantizer']['mode']}-{downlink}"
 
 
-def _checksum(service: RunService, caller: Caller, run_id: str) -> str | None:
-    return service.get_run(caller, run_id).model_sha256
+def _checksum(service: Service, caller: Caller, run_id: str) -> str | None:
+    return service.runs.get(caller, run_id).model_sha256
 
 
 def _reference(tmp_path: Path, options: dict[str, Any]) -> tuple[list[bytes], str | None]:
@@ -65,7 +65,9 @@ def _reference(tmp_path: Path, options: dict[str, Any]) -> tuple[list[bytes], st
     party_b = small_party_b(tmp_path)
     service, caller = party_b.service(), party_b.caller
     run = aligned_in_process(service, caller, **{**OVERFLOW, **options})
-    answers = [service.step(caller, run.id, run.step_body(t, scale=SCALE)) for t in range(1, 7)]
+    answers = [
+        service.steps.step(caller, run.id, run.step_body(t, scale=SCALE)) for t in range(1, 7)
+    ]
     return answers, _checksum(service, caller, run.id)
 
 
@@ -85,20 +87,20 @@ def test_every_wire_option_applies_each_step_once_and_resumes_bit_identically(
     step, restarted = 1, False
     while step <= STEPS:
         body = run.step_body(step, scale=SCALE)
-        first = service.step(caller, run.id, body)
-        assert service.step(caller, run.id, body) == first  # the stored answer, no new update
+        first = service.steps.step(caller, run.id, body)
+        assert service.steps.step(caller, run.id, body) == first  # the stored answer, no new update
         answers[step] = first
         if step == 5 and not restarted:
-            assert service.get_run(caller, run.id).checkpoints[-1] == 4
+            assert service.runs.get(caller, run.id).checkpoints[-1] == 4
             restarted, service = True, party_b.service()
-            service.recover()
-            step = service.get_run(caller, run.id).step
+            service.runs.recover()
+            step = service.runs.get(caller, run.id).step
         step += 1
 
     # Assert: the same bytes at every step, the same model, and each step logged once
     assert [answers[t] for t in range(1, STEPS + 1)] == expected
     assert _checksum(service, caller, run.id) == checksum
-    assert [row.step for row in service.step_log(caller, run.id, 0, 100)] == list(range(1, 7))
+    assert [row.step for row in service.runs.step_log(caller, run.id, 0, 100)] == list(range(1, 7))
 
 
 def test_a_float16_gradient_beyond_its_range_goes_as_float32_and_is_applied_once(
@@ -130,9 +132,9 @@ def test_a_float16_gradient_beyond_its_range_goes_as_float32_and_is_applied_once
 
 # Stages of a step after the request decoded, and where each can be made to fail.
 STAGES = {
-    "dequantize": ("party_b.service.wire.dequantize", False),
+    "dequantize": ("party_b.service.activations.dequantize", False),
     "compute": ("party_b.top.TopTrainer.compute_step", False),
-    "encode": ("party_b.service.downlink.step_response", False),
+    "encode": ("party_b.service.answer.step_response", False),
     "record": ("party_b.store.log_step", True),  # inside the commit: rolls back to a checkpoint
 }
 
@@ -147,8 +149,11 @@ def test_a_failure_at_any_stage_of_a_step_changes_nothing(
     service, caller = party_b.service(), party_b.caller
     run = aligned_in_process(service, caller, **{**OVERFLOW, **WIRE_OPTIONS[1]})
     for step in (1, 2):
-        assert service.step(caller, run.id, run.step_body(step, scale=SCALE)) == expected[step - 1]
-    before = service.get_run(caller, run.id)
+        assert (
+            service.steps.step(caller, run.id, run.step_body(step, scale=SCALE))
+            == expected[step - 1]
+        )
+    before = service.runs.get(caller, run.id)
 
     # Act: step 3 fails at the stage
     target, in_commit = STAGES[stage]
@@ -159,8 +164,8 @@ def test_a_failure_at_any_stage_of_a_step_changes_nothing(
     with monkeypatch.context() as patch:
         patch.setattr(target, fail)
         with pytest.raises(RuntimeError, match="injected"):
-            service.step(caller, run.id, run.step_body(3, scale=SCALE))
-    after = service.get_run(caller, run.id)
+            service.steps.step(caller, run.id, run.step_body(3, scale=SCALE))
+    after = service.runs.get(caller, run.id)
 
     # Assert: as if step 3 never arrived (in the commit: back at the checkpoint of step 2,
     # which is where party B is after a crash), and the run goes on exactly as the reference
@@ -168,4 +173,7 @@ def test_a_failure_at_any_stage_of_a_step_changes_nothing(
     if in_commit:
         assert after.checkpoints[-1] == 2
     for step in range(3, STEPS + 1):
-        assert service.step(caller, run.id, run.step_body(step, scale=SCALE)) == expected[step - 1]
+        assert (
+            service.steps.step(caller, run.id, run.step_body(step, scale=SCALE))
+            == expected[step - 1]
+        )

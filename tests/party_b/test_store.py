@@ -9,14 +9,14 @@ from sqlalchemy import Engine, func, select
 
 from party_a.errors import problem_from_body
 from party_a.features import load_features
-from party_a.state import LocalStore
+from party_a.store import LocalStore
 from party_a.trainer import PartyATrainer
 from party_b import auth, store
-from party_b.cli import main as main_b
 from party_b.inprocess import InProcessTransport
 from party_b.labels import load_label_table
 from party_b.metrics import Metrics
-from party_b.service import Caller, RunService
+from party_b.ops.cli import main as main_b
+from party_b.service import Caller, build_service
 from party_b.settings import Limits
 from shared.demo_data import write_party_a_demo, write_party_b_demo
 from tests.utils.databases import fresh_database
@@ -140,8 +140,8 @@ def _train(
         row = auth.authenticate(session, TOKEN)
         assert row is not None
     labels = load_label_table(labels_path, id_column="id", label_column="y", feature_columns=None)
-    service = RunService(sessions=sessions, labels=labels, limits=Limits(), metrics=Metrics())
-    service.recover()
+    service = build_service(sessions=sessions, labels=labels, limits=Limits(), metrics=Metrics())
+    service.runs.recover()
     config = breast_config("on-the-backend", **{"run.steps": steps, "run.checkpoint_interval": 5})
     trainer = PartyATrainer(
         config=config,

@@ -10,7 +10,7 @@ import pytest
 
 from party_a.errors import problem_from_body
 from party_a.features import load_features
-from party_a.state import LocalStore
+from party_a.store import LocalStore
 from party_a.trainer import PartyATrainer
 from party_b.inprocess import InProcessTransport, in_process_party_b
 from party_b.labels import load_label_table

@@ -98,7 +98,7 @@ def write_party_b(database: Path) -> None:
 
 
 def write_party_a(database: Path) -> None:
-    from party_a.state import LocalRun, LocalStore
+    from party_a.store import LocalRun, LocalStore
 
     local = LocalStore(f"sqlite:///{database}")
     run = local.find_run("s", "r") or local.add_run(

@@ -1,4 +1,4 @@
-"""The two CLIs as a user runs them (this interpreter's ``-m party_a.cli`` / ``party_b.cli``),
+"""The two CLIs as a user runs them (this interpreter's ``-m party_a.cli`` / ``party_b.ops.cli``),
 on the bundled demo data (scikit-learn's breast-cancer set: no ../shared/data needed)."""
 
 import os

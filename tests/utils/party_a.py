@@ -3,11 +3,11 @@
 from pathlib import Path
 from typing import Any
 
-from party_a.client import HttpTransport
 from party_a.config import PartyAConfig, load_config
 from party_a.features import load_features
-from party_a.state import LocalStore
+from party_a.store import LocalStore
 from party_a.trainer import PartyATrainer
+from party_a.transport.http import HttpTransport
 
 
 def breast_config(name: str, **overrides: Any) -> PartyAConfig:

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from party_b import store
-from party_b.cli import main
+from party_b.ops.cli import main
 
 _save_checkpoint = store.save_checkpoint
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from party_b.launch import wait_until_healthy
+from party_b.ops.launch import wait_until_healthy
 from tests.utils.data import breast_pair
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +36,7 @@ class PartyBProcess:
         *,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
-        module: str = "party_b.cli",
+        module: str = "party_b.ops.cli",
     ) -> None:
         self.data_dir = data_dir
         self.labels = labels

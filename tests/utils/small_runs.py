@@ -19,7 +19,7 @@ from party_b import auth
 from party_b.labels import LabelSource, load_label_table
 from party_b.metrics import Metrics
 from party_b.privacy import PrivacyPolicy
-from party_b.service import Caller, RunService
+from party_b.service import Caller, Service, build_service
 from party_b.settings import Limits
 from party_b.store import make_engine, make_session_factory
 from shared import codec
@@ -149,8 +149,8 @@ class SmallPartyB:
     caller: Caller  # TOKEN's
     other: Caller  # OTHER's
 
-    def service(self, privacy: PrivacyPolicy | None = None) -> RunService:
-        return RunService(
+    def service(self, privacy: PrivacyPolicy | None = None) -> Service:
+        return build_service(
             sessions=self.sessions,
             labels=self.labels,
             limits=Limits(),
@@ -175,12 +175,12 @@ def small_party_b(directory: Path) -> SmallPartyB:
     return SmallPartyB(sessions, labels, callers[0], callers[1])
 
 
-def aligned_in_process(service: RunService, caller: Caller, **overrides: Any) -> SmallRun:
+def aligned_in_process(service: Service, caller: Caller, **overrides: Any) -> SmallRun:
     """``aligned_run`` through the service in process."""
     spec = run_spec(**overrides)
-    run = service.create_run(caller, RunCreate.model_validate(spec))
+    run = service.runs.create(caller, RunCreate.model_validate(spec))
     key = bytes.fromhex(run.alignment_key)
-    answer = service.align(caller, run.id, [k.hex() for k in hmac_ids(key, ALIGNED_IDS)])
+    answer = service.alignment.align(caller, run.id, [k.hex() for k in hmac_ids(key, ALIGNED_IDS)])
     aligned = [bytes.fromhex(h) for h in answer.intersection]
     return SmallRun(id=run.id, alignment_key=key, aligned=aligned, spec=spec)
 

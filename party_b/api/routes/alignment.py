@@ -12,7 +12,7 @@ P = ProblemType
 
 @router.get("/v1/psi", **contract(problems=AUTHENTICATED))
 async def psi_info(request: Request, who: CallerDep, service: ServiceDep) -> PsiInfo:
-    return await in_thread(request, service.psi_info, who)
+    return await in_thread(request, service.alignment.psi_info, who)
 
 
 @router.post(
@@ -24,7 +24,7 @@ async def psi_info(request: Request, who: CallerDep, service: ServiceDep) -> Psi
     ),
 )
 async def psi(request: Request, who: CallerDep, service: ServiceDep) -> Response:
-    return msgpack(await in_thread(request, service.psi, who, await request.body()))
+    return msgpack(await in_thread(request, service.alignment.psi, who, await request.body()))
 
 
 @router.post(
@@ -44,4 +44,4 @@ async def psi(request: Request, who: CallerDep, service: ServiceDep) -> Response
 async def align(
     request: Request, run_id: str, body: AlignmentIn, who: CallerDep, service: ServiceDep
 ) -> AlignmentOut:
-    return await in_thread(request, service.align, who, run_id, body.hashed_ids)
+    return await in_thread(request, service.alignment.align, who, run_id, body.hashed_ids)

@@ -34,22 +34,22 @@ async def create_run(
     service: ServiceDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=128)] = None,
 ) -> RunOut:
-    return await in_thread(request, service.create_run, who, spec, idempotency_key)
+    return await in_thread(request, service.runs.create, who, spec, idempotency_key)
 
 
 @router.get("/v1/runs", **contract(problems=AUTHENTICATED))
 async def list_runs(request: Request, who: CallerDep, service: ServiceDep) -> RunList:
-    return RunList(runs=await in_thread(request, service.list_runs, who))
+    return RunList(runs=await in_thread(request, service.runs.list_runs, who))
 
 
 @router.get("/v1/runs/{run_id}", **contract(problems=(*RUN, P.INTERNAL)))
 async def get_run(request: Request, run_id: str, who: CallerDep, service: ServiceDep) -> RunOut:
-    return await in_thread(request, service.get_run, who, run_id)
+    return await in_thread(request, service.runs.get, who, run_id)
 
 
 @router.post("/v1/runs/{run_id}/finish", **contract(problems=(*RUN, P.RUN_STATE)))
 async def finish(request: Request, run_id: str, who: CallerDep, service: ServiceDep) -> RunOut:
-    return await in_thread(request, service.finish, who, run_id)
+    return await in_thread(request, service.runs.finish, who, run_id)
 
 
 @router.delete("/v1/runs/{run_id}", status_code=204, **contract(problems=RUN))
@@ -57,5 +57,5 @@ async def delete_run(
     request: Request, run_id: str, who: CallerDep, service: ServiceDep
 ) -> Response:
     """Delete the run and all party B stores for it; frees its place in the token's quota."""
-    await in_thread(request, service.delete_run, who, run_id)
+    await in_thread(request, service.runs.delete, who, run_id)
     return Response(status_code=204)

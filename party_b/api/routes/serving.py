@@ -40,14 +40,14 @@ async def evaluate(
     split: Annotated[str, Query(pattern="^(eval|train)$")] = "eval",
 ) -> Response:
     body = await request.body()
-    return msgpack(await in_thread(request, service.evaluate, who, run_id, body, split))
+    return msgpack(await in_thread(request, service.serving.evaluate, who, run_id, body, split))
 
 
 @router.get("/v1/runs/{run_id}/evaluations", tags=["runs"], **contract(problems=RUN))
 async def evaluations(
     request: Request, run_id: str, who: CallerDep, service: ServiceDep
 ) -> list[EvalResultOut]:
-    return await in_thread(request, service.eval_results, who, run_id)
+    return await in_thread(request, service.runs.eval_results, who, run_id)
 
 
 @router.post(
@@ -61,4 +61,4 @@ async def evaluations(
 )
 async def predict(request: Request, run_id: str, who: CallerDep, service: ServiceDep) -> Response:
     body = await request.body()
-    return msgpack(await in_thread(request, service.predict, who, run_id, body))
+    return msgpack(await in_thread(request, service.serving.predict, who, run_id, body))

@@ -37,8 +37,8 @@ RUN = (*AUTHENTICATED, P.NOT_FOUND)
 async def step(request: Request, run_id: str, who: CallerDep, service: ServiceDep) -> Response:
     body = await request.body()
     # a step that overtook its predecessor waits here, not in one of the few worker threads
-    async with service.step_turn(who, run_id, body, lambda load: in_thread(request, load)):
-        return msgpack(await in_thread(request, service.step, who, run_id, body))
+    async with service.turns.turn(who, run_id, body, lambda load: in_thread(request, load)):
+        return msgpack(await in_thread(request, service.steps.step, who, run_id, body))
 
 
 @router.get(
@@ -52,7 +52,9 @@ async def step_log(
     start: Annotated[int, Query(ge=0, le=MAX_STEP)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> StepLogPage:
-    return StepLogPage(steps=await in_thread(request, service.step_log, who, run_id, start, limit))
+    return StepLogPage(
+        steps=await in_thread(request, service.runs.step_log, who, run_id, start, limit)
+    )
 
 
 @router.post(
@@ -72,6 +74,6 @@ async def step_log(
 async def resume(
     request: Request, run_id: str, body: ResumeIn, who: CallerDep, service: ServiceDep
 ) -> RunOut:
-    run = await in_thread(request, service.resume, who, run_id, body.from_step)
+    run = await in_thread(request, service.steps.resume, who, run_id, body.from_step)
     service.turns.moved(who, run_id)  # steps held for the old step go their way
     return run

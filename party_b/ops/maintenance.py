@@ -4,9 +4,10 @@ stop, and backed up consistently while the service runs.
 * :func:`create_private_database`: a new SQLite file is made mode 0600 in a 0700 directory
   (it holds token hashes and the PSI key; SQLite gives its ``-wal`` and ``-shm`` files the
   same mode).
-* :func:`checkpoint_wal`: in WAL mode committed rows sit in ``party_b.sqlite-wal`` until a
-  checkpoint copies them into the database file. Party B runs one (TRUNCATE) when it stops, so
-  after a SIGTERM the ``.sqlite`` file alone holds everything: "stop, copy the file" works.
+* ``party_b.store.engine.checkpoint_wal`` (on SIGTERM): in WAL mode committed rows sit in
+  ``party_b.sqlite-wal`` until a checkpoint copies them into the database file. Party B runs
+  one (TRUNCATE) when it stops, so after a SIGTERM the ``.sqlite`` file alone holds
+  everything: "stop, copy the file" works.
 * :func:`backup_database`: SQLite's online backup API (a consistent snapshot, taken while
   party B keeps writing) into a new 0600 file that appears under its final name only once it
   is complete and passes ``PRAGMA integrity_check``.
@@ -19,12 +20,11 @@ import os
 import sqlite3
 from pathlib import Path
 
-from sqlalchemy import Engine, make_url
+from sqlalchemy import make_url
 
 __all__ = [
     "MaintenanceError",
     "backup_database",
-    "checkpoint_wal",
     "create_private_database",
     "sqlite_path",
 ]
@@ -63,23 +63,6 @@ def create_private_database(url: str) -> bool:
             "(FEDLITE_B_DATA_DIR) and who may write there"
         ) from None
     return True
-
-
-def checkpoint_wal(engine: Engine) -> None:
-    """Copy every committed page from the WAL into the database file and empty the WAL
-    (SQLite only; a no-op for other databases). Called when party B stops."""
-    if engine.dialect.name != "sqlite":
-        return
-    with engine.connect() as connection:
-        row = connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").one()
-    busy, wal_pages, moved = (int(v) for v in row)
-    if busy or moved < wal_pages:
-        log.warning(
-            "WAL checkpoint incomplete (%d of %d pages; a reader was busy): the database "
-            "file alone may lack the newest rows; keep its -wal file with it",
-            moved,
-            wal_pages,
-        )
 
 
 def backup_database(source: Path, target: Path) -> tuple[int, str]:

@@ -208,6 +208,16 @@ class LocalStore:
                 )
             )
 
+    def newest_psi(self, server: str, own_version: str) -> PsiResult | None:
+        """The newest PSI of this id set with ``server``, whatever party B's version was."""
+        with self.session() as s:
+            return s.scalar(
+                select(PsiResult)
+                .where(PsiResult.server == server, PsiResult.own_version == own_version)
+                .order_by(PsiResult.created_at.desc(), PsiResult.id.desc())
+                .limit(1)
+            )
+
     def save_psi(self, result: PsiResult) -> PsiResult:
         """Store (or replace) the result for its (server, own_version, peer_version)."""
         with self.session() as s:

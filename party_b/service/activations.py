@@ -13,7 +13,7 @@ from torch import Tensor
 
 from api_schemas import RunCreate
 from party_b.errors import ProblemError
-from party_b.service.state import RunState
+from party_b.service.runstate import RunState
 from party_b.settings import Limits
 from shared import codec
 from shared.pq import GroupedProductQuantizer, PQCode, PQConfig

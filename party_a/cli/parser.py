@@ -1,43 +1,15 @@
-"""``fedlite-a``: party A's command line (the feature holder).
-
-    fedlite-a align    --server URL --token T --features FILE --id-column id
-                                             private set intersection with party B (cached)
-    fedlite-a train    --server URL --token T --features FILE --id-column id --config run.toml
-    fedlite-a evaluate (same flags)          held-out metrics, computed at party B
-    fedlite-a predict  (same flags) --ids a,b,c   scores for given ids (serving)
-    fedlite-a finish   --server URL --token T --name RUN   close a run left open (--no-finish)
-    fedlite-a export   --name RUN --out DIR  the trained bottom model, transform and codebook
-    fedlite-a runs     [--state-dir DIR]     the runs party A's state knows
-    fedlite-a show / delete --server URL --token T --name RUN   inspect / delete a run
-    fedlite-a ratio    --d 9216 --batch 20 --q 1152 --L 2   message sizes, no server needed
-    fedlite-a check    --server URL --token T   is party B reachable and the token valid?
-    fedlite-a demo-data --out FILE           party A's half of the bundled demo data
-
-The token may come from FEDLITE_A_TOKEN and the server from FEDLITE_A_SERVER instead of flags
-(keeps the secret out of the process list); any other FEDLITE_A_* variable is an error.
-Party A's state (checkpoints, step log) lives in ``--state-dir`` (default FEDLITE_A_STATE_DIR,
-else ./fedlite-a-state); ``train`` creates or resumes a run there, ``evaluate``, ``predict``
-and ``finish`` only use one that ``train`` made. Global flags (-v, --version) go anywhere.
-
-Exit codes: 0 done; 1 party B refused or could not be reached; 2 a configuration or usage
-error (bad flag, URL, certificate, config file, unknown run), which retrying will not fix.
-"""
+"""``fedlite-a``'s argument parser: every subcommand, its flags and help (``build_parser``)."""
 
 import argparse
-import logging
 import os
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from party_a import commands
-from party_a.config import check_environment
-from party_a.errors import ConfigError, FedliteError
+from party_a.cli import commands
 from party_a.session import state_dir_default
 from shared.accounting import PAPER_PHI
 
-__all__ = ["main"]
+__all__ = ["build_parser"]
 
 
 # ====================================================================== parser
@@ -265,29 +237,3 @@ def build_parser() -> argparse.ArgumentParser:
     ratio.add_argument("--codebook-dtype", choices=["float32", "float16"], default="float32")
     ratio.set_defaults(func=commands.cmd_ratio)
     return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
-    try:
-        check_environment(os.environ)
-        code: int = args.func(args)
-    except ConfigError as exc:
-        print(f"fedlite-a {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except FedliteError as exc:
-        print(f"fedlite-a {args.command}: {exc}", file=sys.stderr)
-        return 1
-    except (ValueError, OSError) as exc:
-        print(f"fedlite-a {args.command}: {exc}", file=sys.stderr)
-        return 2
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

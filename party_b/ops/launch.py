@@ -53,7 +53,7 @@ def local_party_b(
     url = f"http://127.0.0.1:{port}"
     data_dir.mkdir(parents=True, exist_ok=True)
     cmd = [
-        sys.executable, "-m", "party_b.cli", "serve",
+        sys.executable, "-m", "party_b.ops.cli", "serve",
         "--port", str(port),
         "--data-dir", str(data_dir),
         "--labels", str(labels),

@@ -1,6 +1,6 @@
 """``fedlite-a export``: party A's half of a trained run, ready to serve without party A's
 trainer: the bottom model (torch.export program), the feature transform (columns, z-score),
-the quantizer config and the frozen serving codebook (see party_a.serving).
+the quantizer config and the frozen serving codebook (see party_a.inference).
 
 Scoring from the export is what ``predict`` does: x -> transform -> bottom -> codewords
 against the frozen codebook (or raw z), sent with HMAC(run key, id) to party B.
@@ -14,7 +14,7 @@ import torch
 from party_a.config import PartyAConfig
 from party_a.errors import ConfigError
 from party_a.features import FeatureTransform
-from party_a.state import LocalRun, LocalStore
+from party_a.store import LocalRun, LocalStore
 from shared.models import build_bottom, input_width_kwarg, takes_tokens
 from shared.models import cut_dim as model_cut_dim
 from shared.pq.frozen import save_program, write_export

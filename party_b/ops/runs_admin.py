@@ -10,8 +10,8 @@ import argparse
 import json
 
 from party_b import store
-from party_b.admin import existing_database
-from party_b.maintenance import MaintenanceError
+from party_b.ops.admin import existing_database
+from party_b.ops.maintenance import MaintenanceError
 from party_b.settings import settings_from_flags
 from party_b.store import make_engine, make_session_factory
 from party_b.store.overview import runs_with_owners

@@ -12,14 +12,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from party_a.cli.options import connection, local_runs, run_not_found, session_from_args
+from party_a.cli.report import progress, summary_rows
 from party_a.errors import ConfigError, RunNotFound
-from party_a.report import progress, summary_rows
-from party_a.session import connection, local_runs, open_session, open_state, run_not_found
+from party_a.session import open_state
 from shared.accounting import compression_report
 
 if TYPE_CHECKING:
-    from party_a.client import HttpTransport
-    from party_a.state import LocalRun, LocalStore
+    from party_a.store import LocalRun, LocalStore
+    from party_a.transport.http import HttpTransport
 
 __all__ = [
     "cmd_align",
@@ -66,7 +67,7 @@ def _transport(
 ) -> "HttpTransport":
     """party A's client of party B at ``server``, with the command line's CA bundle and retry
     budget; ``timeout`` per request, in seconds (the client's default)."""
-    from party_a.client import HttpTransport
+    from party_a.transport.http import HttpTransport
 
     return HttpTransport(
         server, token, ca_bundle=args.ca_bundle, retry_for=args.retry_for, timeout=timeout
@@ -122,10 +123,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from party_a.client import HttpTransport
+    from party_a.transport.http import HttpTransport
 
     console = Console(stderr=True)
-    with open_session(args, create=True) as (trainer, remote):
+    with session_from_args(args, create=True) as (trainer, remote):
+        assert remote is not None
         console.print(
             f"run [bold]{remote.id}[/] ({remote.name}): {remote.status.value}, party B at step "
             f"{remote.step}, party A at step {trainer.step}; "
@@ -174,7 +176,7 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    with open_session(args, create=False) as (trainer, _remote):
+    with session_from_args(args, create=False) as (trainer, _remote):
         answer = trainer.evaluate(args.split, raw=args.raw)
     split = f"{args.split}+raw" if args.raw else args.split
     print(json.dumps({"split": split, "n": answer.n, "loss": answer.loss, **answer.metrics}))
@@ -189,7 +191,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         ]
     if not ids:
         raise ConfigError("give ids with --ids a,b,c or --ids-file FILE")
-    with open_session(args, create=False, serving=True) as (trainer, _remote):
+    with session_from_args(args, create=False, serving=True) as (trainer, _remote):
         answer = trainer.predict(ids, raw=args.raw)
     out = open(args.out, "w", newline="") if args.out else sys.stdout  # noqa: SIM115
     try:
@@ -301,7 +303,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write a trained run's half of the model, with what serving it needs, to --out."""
-    from party_a.export import export_run
+    from party_a.cli.export import export_run
 
     name = _run_name(args)
     server = (args.server or os.environ.get("FEDLITE_A_SERVER") or "").strip().rstrip("/")

@@ -11,7 +11,7 @@ Anything problem+json becomes a typed
 What waiting cannot fix is not retried: a URL without ``http://`` or ``https://``, plain HTTP
 sent to party B's TLS port (or TLS to a plain port), and a certificate that fails
 verification raise :class:`party_a.errors.ConfigError` at once, each with the fix
-(:mod:`party_a.connection_errors`).
+(:mod:`party_a.transport.diagnose`).
 """
 
 import json
@@ -22,40 +22,25 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel
 
 from api_schemas import AlignmentIn, AlignmentOut, PsiInfo, ResumeIn, RunCreate, RunOut
 from api_schemas.problems import MSGPACK_CONTENT_TYPE, PROBLEM_CONTENT_TYPE
-from party_a.connection_errors import TlsProbe, check_base_url, configuration_fault
 from party_a.errors import ConfigError, ProtocolError, TransportError, problem_from_body
+from party_a.transport.diagnose import TlsProbe, check_base_url, configuration_fault
 
-__all__ = ["HttpTransport", "Transport"]
+__all__ = ["HttpTransport"]
 
 log = logging.getLogger("fedlite.party_a")
 M = TypeVar("M", bound=BaseModel)
 _RETRY_STATUS = {500, 502, 503, 504}
 
 
-class Transport(Protocol):
-    """The calls party A's trainer makes; HTTP here, in-process in the experiment harness."""
-
-    def psi_info(self) -> PsiInfo: ...
-    def psi(self, body: bytes) -> bytes: ...
-    def create_run(self, spec: RunCreate, idempotency_key: str | None = None) -> RunOut: ...
-    def get_run(self, run_id: str) -> RunOut: ...
-    def align(self, run_id: str, hashed_ids: list[str]) -> AlignmentOut: ...
-    def step(self, run_id: str, body: bytes) -> bytes: ...
-    def resume(self, run_id: str, from_step: int) -> RunOut: ...
-    def evaluate(self, run_id: str, body: bytes, split: str = "eval") -> bytes: ...
-    def predict(self, run_id: str, body: bytes) -> bytes: ...
-    def finish(self, run_id: str) -> RunOut: ...
-
-
 class HttpTransport:
-    """:class:`Transport` over HTTP(S) to a party B server."""
+    """:class:`party_a.transport.Transport` over HTTP(S) to a party B server."""
 
     def __init__(
         self,

@@ -16,7 +16,7 @@ import torch
 from api_schemas import RunCreate, RunStatus
 from party_b import store
 from party_b.labels import LabelSource, LabelTable
-from party_b.maintenance import MaintenanceError
+from party_b.ops.maintenance import MaintenanceError
 from party_b.service.admission import Admission
 from party_b.service.loader import restore
 from party_b.settings import Settings

@@ -1,4 +1,4 @@
-"""What party A stores with a run for serving: the feature transform and the frozen codebook.
+"""Party A's inference: evaluate and predict on a prepared run, and the frozen serving codebook.
 
 Serving design (docs/ARCHITECTURE.md, "Serving"): in a FedLite run, ``evaluate`` and
 ``predict`` quantize every activation row against one codebook, fitted on the training
@@ -10,58 +10,25 @@ carries the frozen codebook and its codewords.
 """
 
 import logging
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 from torch import Tensor
 
+from party_a.alignment import AlignedData
 from party_a.bottom import BottomTrainer
 from party_a.errors import ConfigError
-from party_a.features import FeatureTable, FeatureTransform
-from party_a.state import LocalRun, LocalStore, RunServing
+from party_a.features import FeatureTable
+from party_a.store import LocalRun, LocalStore
+from party_a.transport import Transport
 from shared import codec
 from shared.alignment import hmac_ids
 from shared.pq.frozen import codebook_from_bytes, codebook_to_bytes
 from shared.schedule import batch_digest
 
-if TYPE_CHECKING:
-    from party_a.trainer import PartyATrainer
-
-__all__ = [
-    "evaluate",
-    "freeze_codebook",
-    "predict",
-    "run_transform",
-    "save_codebook",
-    "stored_codebook",
-]
+__all__ = ["RunView", "evaluate", "freeze_codebook", "predict", "save_codebook", "stored_codebook"]
 
 log = logging.getLogger("fedlite.party_a")
-
-
-def run_transform(
-    store: LocalStore, run_id: int, features: FeatureTable, train_rows: np.ndarray | None
-) -> FeatureTransform:
-    """The run's transform: the stored one, else fitted on ``train_rows`` of ``features``
-    (feature-table rows of the run's training samples) and stored.
-
-    A run that has checkpoints but no stored transform was begun by a release that z-scored
-    the whole table: it gets that transform back (all rows), so that it resumes, evaluates
-    and serves as it was trained.
-    """
-    entry = store.serving(run_id)
-    if entry is not None:
-        return FeatureTransform.from_json(entry.transform)
-    if store.checkpoint_steps(run_id) and train_rows is not None:
-        train_rows = np.arange(len(features.ids))
-    if train_rows is None:
-        raise ConfigError(
-            "this run has no stored feature transform and the feature table does not hold "
-            "its training rows: run `fedlite-a train` (or evaluate) with the training table"
-        )
-    transform = FeatureTransform.fit(features, train_rows)
-    store.save_serving(RunServing(run_id=run_id, transform=transform.to_json()))
-    return transform
 
 
 def stored_codebook(store: LocalStore, run_id: int, step: int) -> Tensor | None:
@@ -106,66 +73,82 @@ def freeze_codebook(
     log.info("froze the serving codebook at step %d", step)
 
 
-def evaluate(trainer: "PartyATrainer", split: str, *, raw: bool) -> codec.EvaluateResponse:
+@dataclass(frozen=True)
+class RunView:
+    """What evaluate and predict read of a prepared run (``PartyATrainer.view()``)."""
+
+    local: LocalRun
+    bottom: BottomTrainer
+    store: LocalStore
+    transport: Transport
+    data: AlignedData
+    step: int  # the bottom model's step
+    batch_size: int  # rows per chunk of a request
+    model: str  # the run's model name, for messages
+
+    def freeze_codebook(self) -> None:
+        train_x = self.data.inputs(self.data.train_pos) if len(self.data.rows) else None
+        freeze_codebook(self.store, self.local, self.bottom, self.step, train_x)
+
+
+def evaluate(run: RunView, split: str, *, raw: bool) -> codec.EvaluateResponse:
     """Forward the held-out (or train) samples; party B computes the metrics.
 
     ``raw``: send the activations unquantized (in a FedLite run, the model as it would serve
     without compression, at SplitFed's bandwidth); default: quantized against the frozen
     serving codebook.
     """
-    positions = trainer.eval_pos if split == "eval" else trainer.train_pos
+    data = run.data
+    positions = data.eval_pos if split == "eval" else data.train_pos
     if len(positions) == 0:
         raise ConfigError(f"the run has no {split} samples (eval_fraction = 0?)")
     if not raw:
-        trainer.freeze_codebook()
-    chunks = trainer.bottom.activations(
-        trainer.x[trainer.rows[positions]], chunk_size=trainer.config.run.batch_size, raw=raw
-    )
+        run.freeze_codebook()
+    chunks = run.bottom.activations(data.inputs(positions), chunk_size=run.batch_size, raw=raw)
     body = codec.encode_evaluate_request(
         codec.EvaluateRequest(
-            ids_digest=batch_digest([trainer.aligned[p] for p in positions]), chunks=chunks
+            ids_digest=batch_digest([data.aligned[p] for p in positions]), chunks=chunks
         ),
-        codebook_dtype=trainer.bottom.codebook_dtype,
+        codebook_dtype=run.bottom.codebook_dtype,
     )
-    return codec.decode_evaluate_response(trainer.transport.evaluate(trainer.run_id, body, split))
+    return codec.decode_evaluate_response(run.transport.evaluate(run.local.remote_id, body, split))
 
 
-def predict(trainer: "PartyATrainer", ids: list[str], *, raw: bool) -> codec.PredictResponse:
+def predict(
+    run: RunView, features: FeatureTable, common: set[str], ids: list[str], *, raw: bool
+) -> codec.PredictResponse:
     """Scores for ``ids`` (party A's raw ids; they travel hashed under the run key).
 
-    Every id must be in the private set intersection with party B (a new PSI runs when party
-    A's feature table changed). A score depends on its sample only: rows are quantized
-    against the frozen serving codebook (or, with ``raw``, not at all).
+    Every id must be in ``features`` and in ``common``, the private set intersection with
+    party B. A score depends on its sample only: rows are quantized against the frozen
+    serving codebook (or, with ``raw``, not at all).
     """
-    assert trainer.local is not None
-    index = trainer.features.index()
+    index = features.index()
     unknown = [i for i in ids if i not in index]
     if unknown:
         raise ConfigError(f"{len(unknown)} ids are not in the feature table: {unknown[:5]}")
     # Only ids party B is known to hold travel, hashed under a key party B knows.
-    common = set(trainer.psi()[0].intersection)
     outside = [i for i in ids if i not in common]
     if outside:
         raise ConfigError(
             f"{len(outside)} ids are not in the private set intersection with party B: "
             f"{outside[:5]}"
         )
-    keys = hmac_ids(bytes.fromhex(trainer.local.alignment_key), ids)
+    keys = hmac_ids(bytes.fromhex(run.local.alignment_key), ids)
     if not raw:
-        trainer.freeze_codebook()
-    chunks = trainer.bottom.activations(
-        trainer.x[[index[i] for i in ids]], chunk_size=trainer.config.run.batch_size, raw=raw
-    )
+        run.freeze_codebook()
+    x = run.data.x[[index[i] for i in ids]]
+    chunks = run.bottom.activations(x, chunk_size=run.batch_size, raw=raw)
     rows = sum(codec.chunk_rows(chunks))
     if rows != len(ids):
         raise ConfigError(
-            f"predict gives one score per sample, but model {trainer.config.run.model!r} "
+            f"predict gives one score per sample, but model {run.model!r} "
             f"makes {rows // max(len(ids), 1)} activation rows per sample (one per token): "
             "use evaluate for it"
         )
     body = codec.encode_predict_request(
         codec.PredictRequest(ids=[k.hex() for k in keys], chunks=chunks),
-        codebook_dtype=trainer.bottom.codebook_dtype,
+        codebook_dtype=run.bottom.codebook_dtype,
     )
-    answer = codec.decode_predict_response(trainer.transport.predict(trainer.run_id, body))
+    answer = codec.decode_predict_response(run.transport.predict(run.local.remote_id, body))
     return codec.PredictResponse(ids=list(ids), scores=answer.scores)

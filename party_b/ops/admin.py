@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from party_b import auth, store
-from party_b.maintenance import MaintenanceError, create_private_database, sqlite_path
+from party_b.ops.maintenance import MaintenanceError, create_private_database, sqlite_path
 from party_b.settings import Settings, settings_from_flags
 from party_b.store import make_engine, make_session_factory
 
@@ -46,7 +46,7 @@ def existing_database(settings: Settings) -> str:
 def cmd_db_backup(args: argparse.Namespace) -> int:
     """Online backup of the SQLite file (consistent while party B serves); PostgreSQL has
     pg_dump."""
-    from party_b.maintenance import backup_database
+    from party_b.ops.maintenance import backup_database
 
     url = settings_from_flags(args).resolved_database_url()
     path = sqlite_path(url)

@@ -8,16 +8,13 @@ Each :class:`StartupError` names the file, the setting it came from, and the fix
 import ssl
 from pathlib import Path
 
+from party_b.errors import StartupError
 from party_b.settings import Settings
 
-__all__ = ["StartupError", "check_files", "check_tls"]
+__all__ = ["check_files", "check_tls"]
 
 _CERT = "--ssl-certfile / FEDLITE_B_SSL_CERTFILE"
 _KEY = "--ssl-keyfile / FEDLITE_B_SSL_KEYFILE"
-
-
-class StartupError(Exception):
-    """party B cannot start as configured; the message says which file and what to do."""
 
 
 def check_files(settings: Settings) -> None:

@@ -25,9 +25,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from party_b import admin, store
-from party_b.maintenance import MaintenanceError, create_private_database
-from party_b.preflight import StartupError
+from party_b import store
+from party_b.errors import StartupError
+from party_b.ops import admin
+from party_b.ops.maintenance import MaintenanceError, create_private_database
 from party_b.settings import settings_from_flags
 from party_b.store import make_engine, make_session_factory
 
@@ -38,8 +39,8 @@ __all__ = ["build_parser", "main"]
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from party_b import logs
-    from party_b.preflight import check_files
+    from party_b.ops import logs
+    from party_b.ops.preflight import check_files
 
     settings = settings_from_flags(args)
     check_files(settings)  # before the slow imports: a wrong file is reported at once
@@ -178,7 +179,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     import json
 
     from party_b.api.main import load_labels
-    from party_b.export import export_run
+    from party_b.ops.export import export_run
 
     settings = settings_from_flags(args)
     manifest = export_run(settings, load_labels(settings), args.run, args.out)
@@ -256,7 +257,7 @@ def _db_parser(sub: Any) -> None:
 
 
 def _runs_parser(sub: Any) -> None:
-    from party_b import runs_admin
+    from party_b.ops import runs_admin
 
     runs = _add(sub, "runs", help="every caller's runs: list, show, delete")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True)

@@ -1,7 +1,7 @@
 """Party B in the current Python process, over real HTTP on 127.0.0.1: for a notebook, an
 example or a test, with the same app ``fedlite-b serve`` runs.
 
-    from party_b.background import serve_in_thread
+    from party_b.ops.background import serve_in_thread
 
     with serve_in_thread(labels="guest.csv", data_dir="party_b") as party_b:
         print(party_b.url, party_b.token)   # what party A connects with (party_a.api.connect)

@@ -1,0 +1,30 @@
+"""What every room of party B's service shares: the database, the labels, the limits, the
+metrics, the runs in memory. Built once by ``build_service``; each room takes it whole.
+"""
+
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from party_b.labels import LabelSource
+from party_b.metrics import Metrics
+from party_b.privacy import PrivacyPolicy
+from party_b.service.admission import Admission
+from party_b.service.cache import RunCache
+from party_b.settings import Limits
+from shared import codec
+
+__all__ = ["ServiceContext"]
+
+
+@dataclass(frozen=True)
+class ServiceContext:
+    sessions: sessionmaker[Session]  # party B's database
+    labels: LabelSource  # the label table (and party B's side features)
+    limits: Limits  # FEDLITE_B_LIMIT_*: sizes a request or a run may take
+    metrics: Metrics  # this app's Prometheus registry
+    admission: Admission  # a run config against the labels and the limits
+    cache: RunCache  # runs in memory, loaded once, owner-checked
+    privacy: PrivacyPolicy  # the label-privacy policy new runs get
+    decode_limits: codec.DecodeLimits  # bounds of every msgpack body, from ``limits``
+    checkpoints_kept: int = 3  # per run, besides step 0
