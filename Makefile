@@ -12,7 +12,8 @@ PRODUCT := $(VENV)/.installed-product
 DEV     := $(VENV)/.installed-dev
 INSTALL_INPUTS := $(BIN)/python pyproject.toml constraints.txt docker/install.sh
 
-.PHONY: install install-product test lint typecheck pytest demo bench loadtest lock clean
+.PHONY: install install-product test test-e2e test-deploy test-all lint typecheck pytest demo bench \
+	loadtest lock clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "need Python 3.11, 3.12 or 3.13 on PATH (or PYTHON=...)"; exit 1; }
@@ -41,10 +42,21 @@ lint: $(DEV)
 typecheck: $(DEV)
 	$(BIN)/mypy
 
+# The default suite: everything but the e2e and deploy markers (under 10 minutes on 2 cores).
 pytest: $(DEV)
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest
+
+# Real processes over real HTTP: kill -9, TLS, restarts, the browser, the CLIs as processes.
+test-e2e: $(DEV)
+	$(BIN)/pytest -q -m e2e
+
+# Packaging and deployment: a fresh install into a new venv, Dockerfiles, compose, manifests.
+test-deploy: $(DEV)
+	$(BIN)/pytest -q -m deploy
+
+test-all: test test-e2e test-deploy
 
 demo: $(PRODUCT)
 	$(BIN)/python examples/demo.py

@@ -43,7 +43,7 @@ def records_of(sweep: str) -> list[dict[str, Any]]:
 def prefix_record(record: dict[str, Any], steps: int) -> dict[str, Any]:
     """``record``'s run as it stood after ``steps`` steps: the record a run of that length
     would have written. Nothing in a run depends on its length (the schedule, the rates and
-    the evaluations are the same; tests/test_experiments.py checks it), so the first
+    the evaluations are the same; tests/experiments/test_experiments.py checks it), so the first
     ``steps`` of a longer run are that shorter run; ``prefix_of`` names the longer one."""
     row = next((r for r in record["curve"] if r["step"] == steps), None)
     if row is None:

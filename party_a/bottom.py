@@ -171,9 +171,7 @@ class BottomTrainer:
             raise ValueError("no frozen serving codebook: call freeze_codebook() first")
         quantizer = self._quantizer(int(z.shape[1]))
         return tuple(
-            codec.PQActivations(
-                self.frozen.numpy(), quantizer.assign(p, self.frozen).codewords.numpy()
-            )
+            codec.PQActivations.from_code(quantizer.assign(p, self.frozen))
             for p in torch.split(z, sizes)
         )
 
@@ -202,10 +200,9 @@ class BottomTrainer:
         fitting = GroupedProductQuantizer(
             base.d, dataclasses.replace(base.config, max_points_per_centroid=256)
         )
-        codebook = fitting.encode(z, seed=step_seed(self.seed, step, "serving-codebook")).codebook
-        if self.codebook_dtype == "float16":
-            codebook = codebook.half().float()  # what party B will read off the wire
-        self.frozen = codebook.contiguous()
+        code = fitting.encode(z, seed=step_seed(self.seed, step, "serving-codebook"))
+        # what party B will read off the wire
+        self.frozen = code.rounded(self.codebook_dtype).codebook.contiguous()
         return self.frozen
 
     # ------------------------------------------------------------------ state
@@ -241,10 +238,9 @@ class BottomTrainer:
         rebuilt = []
         for index, part in enumerate(torch.split(detached, sizes)):
             code = quantizer.encode(part, seed=step_seed(self.seed, step, f"{purpose}-{index}"))
-            if self.codebook_dtype == "float16":
-                # party B rebuilds z~ from the float16 codebook: use the same one here
-                code = type(code)(code.codebook.half().float(), code.codewords)
-            chunks.append(codec.PQActivations(code.codebook.numpy(), code.codewords.numpy()))
+            # party B rebuilds z~ from the codebook as it travels: use the same one here
+            code = code.rounded(self.codebook_dtype)
+            chunks.append(codec.PQActivations.from_code(code))
             rebuilt.append(quantizer.decode(code))
         return tuple(chunks), torch.cat(rebuilt) if len(rebuilt) > 1 else rebuilt[0]
 

@@ -1,4 +1,15 @@
-"""Settings for the whole test session."""
+"""Settings and markers for the whole test session.
+
+The suite mirrors the tree (tests/shared, tests/party_a, tests/party_b/{api,service,store},
+tests/experiments, tests/benchmarks); tests/contract holds what an outside client relies on
+(the structure rules, conformance vectors, the independent client, fuzzing). Two folders get
+a marker of their own and stay out of the default run (pyproject's addopts):
+
+    tests/e2e     marker e2e: real processes over real HTTP (kill -9, TLS, restarts, the
+                  browser, the CLIs as processes): ``make test-e2e``
+    tests/deploy  marker deploy: installs into fresh environments, images, compose files:
+                  ``make test-deploy``
+"""
 
 import functools
 import os
@@ -7,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 
 # One intra-op thread per process: this one and every party A / party B process the tests
 # start (they inherit the environment). The test models are tiny, and torch's thread pool
@@ -34,3 +46,15 @@ def _patient(request: Callable[..., httpx.Response]) -> Callable[..., httpx.Resp
 
 for _name in ("request", "get", "post", "put", "patch", "delete", "head", "options"):
     setattr(httpx, _name, _patient(getattr(httpx, _name)))
+
+
+_FOLDER_MARKERS = {"e2e": pytest.mark.e2e, "deploy": pytest.mark.deploy}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e or tests/deploy carries that folder's marker."""
+    for item in items:
+        parts = item.path.parts
+        folder = parts[parts.index("tests") + 1] if "tests" in parts else ""
+        if folder in _FOLDER_MARKERS:
+            item.add_marker(_FOLDER_MARKERS[folder])

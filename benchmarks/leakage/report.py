@@ -3,7 +3,7 @@
     python -m benchmarks.leakage.report     # rewrites the section, and the curve's figure
 
 Only the part between ``<!-- BEGIN GENERATED -->`` and ``<!-- END GENERATED -->`` changes;
-the prose around it is written by hand. tests/test_leakage.py checks that the section is
+the prose around it is written by hand. tests/benchmarks/test_leakage.py checks that the section is
 what this module renders from the JSON now, so the doc and the JSON cannot disagree.
 """
 

@@ -47,6 +47,7 @@ class Service:
     """Every operation of party B's API, without HTTP, by room; each raises ``ProblemError``."""
 
     context: ServiceContext
+    loader: RunLoader  # what the context's cache loads a run with
     runs: Runs
     alignment: Alignment
     steps: Steps
@@ -86,6 +87,7 @@ def build_service(
     )
     return Service(
         context=ctx,
+        loader=loader,
         runs=Runs(ctx),
         alignment=Alignment(ctx, aligner),
         steps=Steps(ctx),

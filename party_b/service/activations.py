@@ -16,7 +16,7 @@ from party_b.errors import ProblemError
 from party_b.service.runstate import RunState
 from party_b.settings import Limits
 from shared import codec
-from shared.pq import GroupedProductQuantizer, PQCode, PQConfig
+from shared.pq import GroupedProductQuantizer, PQConfig
 
 __all__ = ["decode", "decode_limits", "dequantize", "dequantizer", "is_quantized"]
 
@@ -88,7 +88,4 @@ def _dequantize_chunk(state: RunState, chunk: codec.Activations, allow_raw: bool
             f"quantizer (q, R, L) = {(chunk.q, chunk.R, chunk.L)}, "
             f"the run has {(cfg.q, cfg.R, cfg.L)}"
         )
-    code = PQCode(
-        codebook=torch.from_numpy(chunk.codebook), codewords=torch.from_numpy(chunk.codewords)
-    )
-    return state.dequantizer.decode(code)
+    return state.dequantizer.decode(chunk.to_code())

@@ -10,7 +10,7 @@ point order.
 Why the output is the same on any number of threads: a point's label depends on that point and
 the centroids only (``assign_range``), so any split gives the labels of the sequential pass;
 and the float64 sums see the same additions in the same order (``apply_labels``), so the
-centroids of the next iteration are the same to the bit. tests/test_kmeans_threads.py
+centroids of the next iteration are the same to the bit. tests/shared/test_kmeans_threads.py
 compares every split with the one-thread loop, bit for bit, and callers on several threads.
 
 Why numba's parallel loops, and only on a thread-safe threading layer: a pass hands its ranges
@@ -134,7 +134,7 @@ def _numba_threads(threads: int) -> Iterator[bool]:
             numba.set_num_threads(before)
         # torch and numba's omp layer share GNU OpenMP, and numba starting its threads can set
         # the OpenMP thread count that torch reads as its own: the caller's torch setting is
-        # never ours to change (tests/test_quantizer.py)
+        # never ours to change (tests/shared/test_quantizer.py)
         if torch.get_num_threads() != torch_threads:
             torch.set_num_threads(torch_threads)
 

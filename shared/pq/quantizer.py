@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from shared.pq.kmeans import InitMethod, batched_kmeans
+from shared.types import WireFloat
 
 __all__ = ["PQConfig", "PQCode", "GroupedProductQuantizer", "MAX_CENTROIDS", "relative_error"]
 
@@ -95,6 +96,13 @@ class PQCode:
     @property
     def dim(self) -> int:
         return int(self.codewords.shape[1] * self.codebook.shape[2])
+
+    def rounded(self, dtype: WireFloat) -> "PQCode":
+        """This code as the receiver decodes it when the codebook travels as ``dtype``: the
+        sender rebuilds z~ from the same float16-rounded centroids (float32: unchanged)."""
+        if dtype == "float32":
+            return self
+        return PQCode(self.codebook.half().float(), self.codewords)
 
 
 class GroupedProductQuantizer:

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import Any, Final, NamedTuple, TypeAlias
 
 import numpy as np
+import torch
 from numpy.typing import NDArray
 
+from shared.pq import PQCode
 from shared.types import CodewordCoding, WireFloat
 from shared.wire import ans
 from shared.wire.arrays import check_float32, float_bin
@@ -90,6 +92,15 @@ class PQActivations:
     def d(self) -> int:
         """Width of a dequantized activation row: q sub-vectors of ``codebook.shape[2]``."""
         return int(self.codebook.shape[2]) * self.q
+
+    @classmethod
+    def from_code(cls, code: PQCode) -> "PQActivations":
+        """The quantizer's output as the wire carries it (numpy views of its tensors)."""
+        return cls(code.codebook.numpy(), code.codewords.numpy())
+
+    def to_code(self) -> PQCode:
+        """What ``GroupedProductQuantizer.decode`` takes (tensors sharing this memory)."""
+        return PQCode(torch.from_numpy(self.codebook), torch.from_numpy(self.codewords))
 
 
 @dataclass(frozen=True, eq=False)

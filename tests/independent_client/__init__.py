@@ -1,8 +1,8 @@
 """A party A written from the documents alone: docs/PROTOCOL.md (sections 1-4, 9 and 10) and
 the OpenAPI document's JSON bodies. It imports nothing of this repository (no ``shared``,
 ``party_a``, ``api_schemas``): only the standard library, numpy, httpx and msgpack, which
-tests/test_independent_client.py checks. Where writing it needed something the documents did
-not say, the documents were fixed.
+tests/contract/test_independent_client.py checks. Where writing it needed something the
+documents did not say, the documents were fixed.
 
 ``derived``: aligned keys, the split, the ``shuffle`` schedule and digests (section 9).
 ``messages``: the msgpack messages and codeword bit packing (sections 1-4).

@@ -1,7 +1,7 @@
 """A PQ chunk's entropy-coded codewords decoded from docs/PROTOCOL.md section 3.1 alone.
 
 An outside implementer's view: the standard library only, nothing from shared/.
-tests/test_conformance.py runs it on every codewords vector.
+tests/contract/test_conformance.py runs it on every codewords vector.
 """
 
 import struct

@@ -5,7 +5,7 @@
 
 Every file has the same top-level structure (docs/conformance/README.md): ``kit``, ``format``,
 ``topic``, ``spec`` (where the text defines it), ``about`` and ``cases``, each case a ``name``,
-an ``input`` and an ``output``. Bytes are lowercase hex strings. tests/test_conformance.py
+an ``input`` and an ``output``. Bytes are lowercase hex strings. tests/contract/test_conformance.py
 checks that the files equal what this module computes now (so code and vectors cannot drift)
 and that an implementation written from the text alone reproduces them.
 

@@ -1,9 +1,9 @@
 """The derived values of docs/PROTOCOL.md section 9, written from that text alone.
 
 An outside implementer's view: plain Python with hashlib and hmac, no numpy and no import
-from shared/, party_a/, party_b/ or api_schemas/. tests/test_conformance.py runs it on every
-conformance vector; if the text left something out, this would disagree with the reference
-code somewhere. Lists are plain lists of ints; bytes are bytes.
+from shared/, party_a/, party_b/ or api_schemas/. tests/contract/test_conformance.py runs it
+on every conformance vector; if the text left something out, this would disagree with the
+reference code somewhere. Lists are plain lists of ints; bytes are bytes.
 """
 
 import hashlib

@@ -1,7 +1,7 @@
 """A StepResponse's gradient decoded from docs/PROTOCOL.md sections 3, 4.2 and 4.2.1 alone.
 
 An outside implementer's view: msgpack and struct, no numpy and nothing from shared/.
-tests/test_conformance.py runs it on every downlink vector.
+tests/contract/test_conformance.py runs it on every downlink vector.
 """
 
 import struct
