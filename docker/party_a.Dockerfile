@@ -26,7 +26,7 @@ RUN PYTHON=python3.11 TORCH_INDEX_URL="$TORCH_INDEX_URL" sh docker/install.sh /o
 
 FROM python:3.11-slim-bookworm
 # GNU OpenMP, for numba's thread-safe threading layer: k-means passes on several threads
-# (shared/kmeans_threads.py; without it k-means runs on one thread, same bytes). Unpinned:
+# (shared/pq/_threads.py; without it k-means runs on one thread, same bytes). Unpinned:
 # Debian's security updates replace a pinned version.
 # hadolint ignore=DL3008
 RUN apt-get update \

@@ -14,11 +14,15 @@ a marker of their own and stay out of the default run (pyproject's addopts):
 import functools
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 # One intra-op thread per process: this one and every party A / party B process the tests
 # start (they inherit the environment). The test models are tiny, and torch's thread pool
@@ -58,3 +62,47 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         folder = parts[parts.index("tests") + 1] if "tests" in parts else ""
         if folder in _FOLDER_MARKERS:
             item.add_marker(_FOLDER_MARKERS[folder])
+
+
+# ---------------------------------------------------------------------------- party B fixtures
+# The small synthetic world of tests/utils/small_runs.py: 64 labelled ids, one token (TOKEN).
+
+
+@pytest.fixture
+def party_b_app(tmp_path: Path) -> "FastAPI":
+    """A fresh party B app (SQLite in tmp_path, the small label table, one token)."""
+    from party_b.api import create_app
+    from party_b.settings import Settings
+    from tests.utils.small_runs import TOKEN, labels_csv
+
+    labels = labels_csv(tmp_path / "labels.csv")
+    return create_app(Settings(data_dir=tmp_path / "b", labels=labels, tokens=f"t:{TOKEN}"))
+
+
+@pytest.fixture
+def party_b_client(party_b_app: "FastAPI") -> Iterator[httpx.Client]:
+    """An HTTP client, authenticated with the test token, on ``party_b_app`` served by
+    uvicorn in a thread of this process (real HTTP on 127.0.0.1; no process to start)."""
+    from tests.utils.live import live_server
+    from tests.utils.small_runs import TOKEN
+
+    with live_server(party_b_app) as url:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
+            yield client
+
+
+@pytest.fixture(scope="session")
+def live_party_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One party B for the whole session, over real HTTP (uvicorn in a thread of this
+    process) on the small label table: its base URL. Tests that share it create their own
+    runs and must not depend on what others did to it."""
+    from party_b.api import create_app
+    from party_b.settings import Settings
+    from tests.utils.live import live_server
+    from tests.utils.small_runs import TOKEN, labels_csv
+
+    root = tmp_path_factory.mktemp("live_party_b")
+    settings = Settings(data_dir=root / "b", labels=labels_csv(root / "l.csv"), tokens=f"t:{TOKEN}")
+    with live_server(create_app(settings)) as url:
+        yield url

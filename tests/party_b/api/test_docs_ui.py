@@ -46,17 +46,14 @@ def test_docs_render_every_operation_from_local_files(tmp_path: Path) -> None:
     assert any(r.endswith("/docs/assets/swagger-ui-bundle.js") for r in watch.requests)
 
 
-def test_docs_assets_are_party_bs_own(tmp_path: Path) -> None:
-    settings = Settings(
-        data_dir=tmp_path / "b", labels=labels_csv(tmp_path / "l.csv"), tokens=f"t:{TOKEN}"
-    )
-    with live_server(create_app(settings)) as url, httpx.Client(base_url=url) as c:
-        html = c.get("/docs").text
-        assert "cdn" not in html.lower() and "https://" not in html, html
-        script = c.get("/docs/assets/swagger-ui-bundle.js")
-        assert script.status_code == 200 and len(script.content) > 500_000
-        assert script.headers["content-type"].startswith("text/javascript")
-        missing = c.get("/docs/assets/nothing.js")
-        assert missing.status_code == 404
-        assert missing.headers["content-type"] == "application/problem+json"
-        assert c.get("/redoc").status_code == 404
+def test_docs_assets_are_party_bs_own(party_b_client: httpx.Client) -> None:
+    c = party_b_client
+    html = c.get("/docs").text
+    assert "cdn" not in html.lower() and "https://" not in html, html
+    script = c.get("/docs/assets/swagger-ui-bundle.js")
+    assert script.status_code == 200 and len(script.content) > 500_000
+    assert script.headers["content-type"].startswith("text/javascript")
+    missing = c.get("/docs/assets/nothing.js")
+    assert missing.status_code == 404
+    assert missing.headers["content-type"] == "application/problem+json"
+    assert c.get("/redoc").status_code == 404
