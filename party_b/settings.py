@@ -88,6 +88,25 @@ class Settings(BaseSettings):
     checkpoints_kept: int = Field(default=3, ge=2, description="checkpoints kept per run")
     torch_threads: int | None = Field(default=None, ge=1)
     worker_threads: int = Field(default=8, ge=1, description="concurrent torch requests")
+    max_live_runs: int | None = Field(
+        default=32,
+        ge=1,
+        description="training runs kept in memory; past it the least recently used one is "
+        "checkpointed and leaves memory until its next request (party_b/service/bounds.py)",
+    )
+    max_live_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="bytes of training runs' tensors and arrays kept in memory (default: no "
+        "byte bound); the least recently used runs leave memory first",
+    )
+    replica_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="this process's name in the run leases, for replicas on one database "
+        "(default: host name, process id and a random suffix)",
+    )
     step_hold_seconds: float | None = Field(
         default=5.0,
         ge=0,
@@ -203,6 +222,7 @@ _FLAG_FIELDS = (
     "host", "port", "data_dir", "database_url", "labels", "id_column", "label_column",
     "group_column", "label_source", "tokens", "ssl_certfile", "ssl_keyfile", "log_level",
     "log_format", "access_log", "torch_threads", "worker_threads", "privacy",
+    "max_live_runs", "max_live_bytes", "replica_id",
 )  # fmt: skip
 
 

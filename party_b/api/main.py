@@ -24,7 +24,7 @@ from party_b.api.routes import ROUTERS
 from party_b.dashboard import RunCollector, install_dashboard
 from party_b.labels import LabelSource, load_label_table
 from party_b.metrics import Metrics
-from party_b.service import build_service
+from party_b.service import LiveBounds, build_service
 from party_b.settings import Settings, parse_token_list
 from party_b.store import make_engine, make_session_factory
 from party_b.store.engine import checkpoint_wal
@@ -47,6 +47,8 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
         checkpoints_kept=settings.checkpoints_kept,
         privacy=settings.privacy_policy(),
         step_hold=settings.step_hold_seconds,
+        bounds=LiveBounds(settings.max_live_runs, settings.max_live_bytes),
+        replica_id=settings.replica_id,
     )
     log.info("label privacy of new runs: %s", service.context.privacy.describe())
     service.runs.recover()  # logs, per training run, the step it resumes from

@@ -209,6 +209,15 @@ def _serve_parser(sub: Any) -> None:
     )
     serve.add_argument("--torch-threads", type=int, help="intra-op threads for torch")
     serve.add_argument("--worker-threads", type=int, help="concurrent torch requests")
+    serve.add_argument(
+        "--max-live-runs", type=int, help="training runs kept in memory (default 32; LRU out)"
+    )
+    serve.add_argument(
+        "--max-live-bytes", type=int, help="bytes of training runs kept in memory (default: any)"
+    )
+    serve.add_argument(
+        "--replica-id", help="this process's name in the run leases (replicas on one database)"
+    )
     serve.set_defaults(func=_cmd_serve)
 
 

@@ -3,6 +3,9 @@
     context.py     ServiceContext: database, labels, limits, metrics, runs in memory, policy
     runstate.py    Caller, RunState (a run in memory), owned_row (the one ownership check)
     cache.py       RunCache: runs in memory, loaded once, looked up by owner and id
+    bounds.py      LiveBounds: how many runs (and bytes) stay in memory, LRU first out
+    ownership.py   Ownership: this replica's run leases (claim on load, fence each commit,
+                   park a run that leaves memory)
     loader.py      RunLoader: a run from the store into memory, at its newest checkpoint
     admission.py   Admission: a run config checked against the labels and the limits
     runs.py        Runs: create (quota, idempotency), list, show, finish, logs, recovery
@@ -29,9 +32,11 @@ from party_b.privacy import PrivacyPolicy
 from party_b.service.activations import decode_limits
 from party_b.service.admission import Admission
 from party_b.service.alignment import Aligner, Alignment
+from party_b.service.bounds import LiveBounds
 from party_b.service.cache import RunCache
 from party_b.service.context import ServiceContext
 from party_b.service.loader import RunLoader
+from party_b.service.ownership import Ownership
 from party_b.service.runs import Runs
 from party_b.service.runstate import Caller
 from party_b.service.serving import Serving
@@ -39,7 +44,7 @@ from party_b.service.steps import Steps
 from party_b.service.turns import HOLD_SECONDS, Turns
 from party_b.settings import Limits
 
-__all__ = ["Caller", "Service", "ServiceContext", "build_service"]
+__all__ = ["Caller", "LiveBounds", "Service", "ServiceContext", "build_service"]
 
 
 @dataclass(frozen=True)
@@ -65,15 +70,20 @@ def build_service(
     aligner: Aligner | None = None,
     privacy: PrivacyPolicy | None = None,
     step_hold: float | None = None,
+    bounds: LiveBounds | None = None,
+    replica_id: str | None = None,
 ) -> Service:
     """The rooms over one context. ``privacy``: the label-privacy policy every new run gets
     (default: off); ``step_hold``: the longest wait in seconds of a step that overtook its
-    predecessor (default ``turns.HOLD_SECONDS``; 0 refuses it at once)."""
+    predecessor (default ``turns.HOLD_SECONDS``; 0 refuses it at once); ``bounds``: the
+    training runs kept in memory (default: no bound); ``replica_id``: this process's name
+    in the run leases (default ``ownership.default_holder()``)."""
     privacy = privacy or PrivacyPolicy()
     privacy.check_labels(labels.task, labels.num_outputs)
     admission = Admission(labels, limits)
-    loader = RunLoader(sessions=sessions, labels=labels, admission=admission)
-    cache = RunCache(loader, metrics)
+    ownership = Ownership(sessions, holder=replica_id, checkpoints_kept=checkpoints_kept)
+    loader = RunLoader(sessions=sessions, labels=labels, admission=admission, ownership=ownership)
+    cache = RunCache(loader, metrics, bounds or LiveBounds(), park=ownership.park)
     ctx = ServiceContext(
         sessions=sessions,
         labels=labels,
@@ -83,6 +93,7 @@ def build_service(
         cache=cache,
         privacy=privacy,
         decode_limits=decode_limits(limits),
+        ownership=ownership,
         checkpoints_kept=checkpoints_kept,
     )
     return Service(

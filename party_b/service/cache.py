@@ -5,6 +5,13 @@ others asking for it wait. Lookups are by owner as well as id: a request for a r
 caller does not own takes exactly the path of a request for an id that names no run (the
 store's ownership lookup, then 404), whether or not the run is in memory, so neither the
 answer nor its timing tells another token that the run exists.
+
+The training runs in memory are bounded (``bounds.LiveBounds``): loading one past the bounds
+parks the least recently used others (``park``: checkpointed at their applied step, their
+lease released) and forgets them; their next request loads them again. A run being parked
+counts as being loaded, so a request for it waits and then reads the checkpoint it left. A
+copy whose lease was lost (parked, or claimed by another replica: ``state.lease is None``)
+is never handed out again.
 """
 
 import threading
@@ -12,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from party_b.metrics import Metrics
+from party_b.service.bounds import Footprints, LiveBounds, over_bounds
 from party_b.service.runstate import Caller, RunState
 
 __all__ = ["FINISHED_KEPT", "RunCache"]
@@ -19,13 +27,25 @@ __all__ = ["FINISHED_KEPT", "RunCache"]
 FINISHED_KEPT = 4  # finished runs kept in memory for evaluate/predict
 
 Loader = Callable[[Caller, str], RunState]  # raises ProblemError (404 unless owned)
+Parker = Callable[[RunState], None]  # checkpoints an evicted run and releases its lease
 
 
 class RunCache:
-    def __init__(self, load: Loader, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        load: Loader,
+        metrics: Metrics,
+        bounds: LiveBounds | None = None,
+        park: Parker | None = None,
+    ) -> None:
+        """``bounds``: training runs kept in memory (default none); ``park``: how a run over
+        them leaves (default: runs never leave)."""
         self._load = load
         self._metrics = metrics
-        self._live: dict[str, RunState] = {}
+        self._bounds = bounds or LiveBounds()
+        self._park = park
+        self._footprints = Footprints()
+        self._live: OrderedDict[str, RunState] = OrderedDict()  # least recently used first
         self._finished: OrderedDict[str, RunState] = OrderedDict()
         self._lock = threading.Lock()  # guards _live, _finished and _loading
         self._loading: dict[str, threading.Lock] = {}
@@ -41,6 +61,8 @@ class RunCache:
             with self._lock:
                 state = self._get(run_id)
                 if state is not None and state.owner_id == caller.token_id:
+                    if run_id in self._live:
+                        self._live.move_to_end(run_id)
                     return state
                 # not in memory, or not the caller's: the store decides, the same way for both
                 loading = self._loading.setdefault(run_id, threading.Lock())
@@ -73,11 +95,14 @@ class RunCache:
             self._live.pop(run_id, None)
             self._keep_finished(run_id, state)
 
-    def drop(self, run_id: str) -> None:
-        """Forget a run's state: the next use reloads it from its newest checkpoint."""
+    def drop(self, run_id: str, state: RunState | None = None) -> None:
+        """Forget a run's state (only if it is ``state``, when given): the next use reloads
+        it from its newest checkpoint."""
         with self._lock:
-            self._live.pop(run_id, None)
-            self._finished.pop(run_id, None)
+            if state is None or self._get(run_id, stale=True) is state:
+                self._live.pop(run_id, None)
+                self._finished.pop(run_id, None)
+                self._footprints.forget(run_id)
             self._count()
 
     def _load_once(self, caller: Caller, run_id: str) -> RunState:
@@ -90,11 +115,43 @@ class RunCache:
                     self._keep_finished(run_id, state)
                 else:
                     self._live[run_id] = state
+                    self._footprints.measure(state, wait=True)
                     self._count()
+            if not state.finished:
+                self._make_room(keep=run_id)
         return state
 
-    def _get(self, run_id: str) -> RunState | None:
-        return self._live.get(run_id) or self._finished.get(run_id)
+    def _make_room(self, *, keep: str) -> None:
+        """Park the least recently used training runs until the rest are within bounds."""
+        if self._park is None:
+            return
+        with self._lock:
+            victims = [
+                v
+                for v in over_bounds(self._bounds, self._live.values(), self._footprints, keep=keep)
+                if v.run_id not in self._loading  # a request is loading it: leave it be
+            ]
+            gates = {}
+            for victim in victims:
+                # the run counts as loading while it is parked: its next request waits, and
+                # then loads the checkpoint the park writes
+                gates[victim.run_id] = self._loading[victim.run_id] = threading.Lock()
+                gates[victim.run_id].acquire()
+                del self._live[victim.run_id]
+                self._footprints.forget(victim.run_id)
+            self._count()
+        for victim in victims:
+            try:
+                self._park(victim)
+            finally:
+                with self._lock:
+                    del self._loading[victim.run_id]
+                gates[victim.run_id].release()
+
+    def _get(self, run_id: str, *, stale: bool = False) -> RunState | None:
+        """The run's copy in memory; one whose lease was lost only when ``stale``."""
+        state = self._live.get(run_id) or self._finished.get(run_id)
+        return state if state is None or stale or state.lease is not None else None
 
     def _keep_finished(self, run_id: str, state: RunState) -> None:
         self._finished[run_id] = state

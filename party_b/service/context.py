@@ -1,5 +1,6 @@
 """What every room of party B's service shares: the database, the labels, the limits, the
-metrics, the runs in memory. Built once by ``build_service``; each room takes it whole.
+metrics, the runs in memory and this replica's run leases. Built once by ``build_service``;
+each room takes it whole.
 """
 
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from party_b.metrics import Metrics
 from party_b.privacy import PrivacyPolicy
 from party_b.service.admission import Admission
 from party_b.service.cache import RunCache
+from party_b.service.ownership import Ownership
 from party_b.settings import Limits
 from shared import codec
 
@@ -27,4 +29,5 @@ class ServiceContext:
     cache: RunCache  # runs in memory, loaded once, owner-checked
     privacy: PrivacyPolicy  # the label-privacy policy new runs get
     decode_limits: codec.DecodeLimits  # bounds of every msgpack body, from ``limits``
+    ownership: Ownership  # run leases: claimed on load, checked at every commit
     checkpoints_kept: int = 3  # per run, besides step 0

@@ -14,6 +14,7 @@ from party_b.privacy import PrivacyPolicy
 from party_b.privacy.run import RunPrivacy
 from party_b.service.activations import dequantizer
 from party_b.service.admission import Admission
+from party_b.service.ownership import Ownership
 from party_b.service.runstate import Caller, RunState, owned_row
 from party_b.top import TopTrainer
 from shared.alignment import hmac_ids
@@ -26,17 +27,24 @@ log = logging.getLogger("fedlite.party_b")
 
 class RunLoader:
     def __init__(
-        self, *, sessions: sessionmaker[Session], labels: LabelSource, admission: Admission
+        self,
+        *,
+        sessions: sessionmaker[Session],
+        labels: LabelSource,
+        admission: Admission,
+        ownership: Ownership,
     ) -> None:
         self._sessions = sessions
         self._labels = labels
         self._admission = admission
+        self._ownership = ownership
 
     def __call__(self, caller: Caller, run_id: str) -> RunState:
         """The state of an aligned run the caller owns, at its newest checkpoint.
 
-        Steps logged past that checkpoint died with the process that applied them: they are
-        dropped here, in the same transaction that reads the checkpoint.
+        Steps logged past that checkpoint died with the process that applied them (or live on
+        only in the copy of a replica that held the run before): they are dropped here, in
+        the transaction that claims the run's lease and then reads the checkpoint.
         """
         with self._sessions() as session:
             run = owned_row(session, caller, run_id)
@@ -44,6 +52,7 @@ class RunLoader:
                 raise ProblemError.run_state("run is not aligned yet: POST its alignment first")
             spec = RunCreate.from_stored(run.config)
             trainer = self._admission.new_trainer(spec)
+            lease = self._ownership.claim(session, run_id)  # first: waits for its holder's commit
             checkpoint = store.load_checkpoint(session, run_id)
             if checkpoint is None:
                 raise ProblemError.internal(f"run {run_id} has no checkpoint")
@@ -57,6 +66,7 @@ class RunLoader:
                     PrivacyPolicy.from_stored(privacy.policy), privacy.secret
                 )
             state.commit(checkpoint.step, checkpoint.request_sha256, checkpoint.response)
+            state.lease = lease
             return state
 
     def _state(self, run: store.Run, spec: RunCreate, trainer: TopTrainer) -> RunState:

@@ -15,6 +15,7 @@ from party_b.errors import ProblemError
 from party_b.privacy import PrivacyPolicy
 from party_b.privacy.run import RunPrivacy
 from party_b.service.context import ServiceContext
+from party_b.service.ownership import once_more_if_moved
 from party_b.service.runstate import Caller, owned_row
 from party_b.service.views import run_out
 from shared.training import state_sha256
@@ -33,14 +34,17 @@ class Runs:
         """Report where every training run resumes after a restart: [(id, name, step)].
 
         Models load lazily on first use; this only reads checkpoint steps and drops step-log
-        rows past them (steps applied after the last checkpoint died with the old process).
+        rows past them (steps applied after the last checkpoint died with the old process),
+        of the runs no replica holds: a run held by another replica sharing the database is
+        its holder's business, and the one that takes it over drops them (``RunLoader``).
         """
         resumed = []
         with self._ctx.sessions() as session:
             for run in store.runs_in_status(session, RunStatus.TRAINING.value):
                 steps = store.checkpoint_steps(session, run.id)
                 last = steps[-1] if steps else 0
-                store.forget_after(session, run.id, last)
+                if store.is_free(session, run.id):
+                    store.forget_after(session, run.id, last)
                 resumed.append((run.id, run.name, last))
                 log.warning(
                     "run %s (%s) resumes from checkpoint at step %d", run.id, run.name, last
@@ -104,6 +108,9 @@ class Runs:
 
     def finish(self, caller: Caller, run_id: str) -> RunOut:
         """No more steps; the final model is checkpointed and keeps serving predictions."""
+        return once_more_if_moved(lambda: self._finish(caller, run_id))
+
+    def _finish(self, caller: Caller, run_id: str) -> RunOut:
         with self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
             if run.status == RunStatus.FINISHED.value:
@@ -114,6 +121,7 @@ class Runs:
         with state.lock, self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
             if run.status == RunStatus.TRAINING.value:
+                self._ctx.ownership.fence(session, state)  # 503 run-moved if no longer ours
                 model_state, optimizer_state = state.trainer.state()
                 store.save_checkpoint(
                     session,

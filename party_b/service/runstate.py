@@ -51,6 +51,9 @@ class RunState:
     last_response: bytes | None = None
     finished: bool = False
     key_index: dict[bytes, int] | None = None  # all of party B's ids, built on first predict
+    # the fencing token of the run's lease this copy was loaded with (store.leases); None
+    # once the copy lost it (the run was parked, or another replica claimed it)
+    lease: int | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def positions_of(self, split: str) -> np.ndarray:

@@ -25,6 +25,9 @@ One step, in order (``Steps.step``)::
 Everything that can fail runs before the commit, which is the only place state changes; a
 failure inside the commit (the database) rolls the in-memory state back to the newest
 checkpoint (the run is dropped from memory and reloaded), and party A rolls back with it.
+The commit first checks that this copy still holds the run's lease (``ownership.fence``):
+one that another replica took over meanwhile applies nothing, and the step goes once more
+on a fresh load (``once_more_if_moved``).
 """
 
 import hashlib
@@ -39,6 +42,7 @@ from party_b.privacy.run import protected_step
 from party_b.service import activations, answer
 from party_b.service.context import ServiceContext
 from party_b.service.loader import restore
+from party_b.service.ownership import once_more_if_moved
 from party_b.service.runstate import Caller, RunState, owned_row
 from party_b.service.views import finite_or_none, run_out
 from party_b.top import DivergedError, StepOutcome
@@ -70,6 +74,9 @@ class Steps:
 
     def step(self, caller: Caller, run_id: str, body: bytes) -> bytes:
         """Apply one training step exactly once; returns the encoded StepResponse."""
+        return once_more_if_moved(lambda: self._step(caller, run_id, body))
+
+    def _step(self, caller: Caller, run_id: str, body: bytes) -> bytes:
         started = time.perf_counter()
         state = self._ctx.cache.owned(caller, run_id)
         with state.lock:
@@ -86,6 +93,9 @@ class Steps:
 
     def resume(self, caller: Caller, run_id: str, from_step: int) -> RunOut:
         """Roll the run back to one of its checkpoints (party A resumes from its own copy)."""
+        return once_more_if_moved(lambda: self._resume(caller, run_id, from_step))
+
+    def _resume(self, caller: Caller, run_id: str, from_step: int) -> RunOut:
         state = self._ctx.cache.owned(caller, run_id)
         with state.lock, self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
@@ -100,13 +110,14 @@ class Steps:
                     checkpoints=kept,
                 )
             try:
+                self._ctx.ownership.fence(session, state)
                 restore(state.trainer, checkpoint)
                 store.forget_after(session, run_id, from_step)
                 session.commit()
             except BaseException:
                 # the model may be half loaded, or loaded while the database kept the later
                 # steps: forget it, and the next use reloads the newest checkpoint
-                self._ctx.cache.drop(run_id)
+                self._ctx.cache.drop(run_id, state)
                 raise
             state.commit(checkpoint.step, checkpoint.request_sha256, checkpoint.response)
             log.info("run %s rolled back to step %d at party A's request", run_id, from_step)
@@ -215,7 +226,7 @@ class Steps:
         except BaseException:
             # The model moved but the step is not durable: forget the in-memory state so the
             # next call reloads the last checkpoint and party A rolls back to it.
-            self._ctx.cache.drop(state.run_id)
+            self._ctx.cache.drop(state.run_id, state)
             raise
         state.commit(c.step, c.request_sha, c.response)
         self._ctx.metrics.steps.labels("applied").inc()
@@ -226,6 +237,7 @@ class Steps:
     def _record(self, state: RunState, c: _Computed) -> None:
         """Log the step and, at checkpoint steps, save a checkpoint: one transaction."""
         with self._ctx.sessions() as session:
+            self._ctx.ownership.fence(session, state)  # 503 run-moved if no longer ours
             store.log_step(
                 session,
                 run_id=state.run_id,
@@ -249,5 +261,6 @@ class Steps:
                     request_sha256=c.request_sha,
                     response=c.response,
                     keep=self._ctx.checkpoints_kept,
+                    interval=state.config.checkpoint_interval,
                 )
             session.commit()

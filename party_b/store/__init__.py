@@ -5,6 +5,7 @@
     checkpoints.py  save / load / list / roll back checkpoints (one transaction each)
     queries.py      every other query the service makes
     tokens.py       API tokens by name or hash, active or all; revoked hashes
+    leases.py       which replica holds a run, fenced by a token (claim, fence, release)
 
 Everything is re-exported here: ``from party_b import store`` then ``store.owned_run(...)``.
 """
@@ -16,6 +17,7 @@ from party_b.store.checkpoints import (
     save_checkpoint,
 )
 from party_b.store.engine import copy_database, make_engine, make_session_factory
+from party_b.store.leases import claim, fence, is_free, lease_of, release
 from party_b.store.queries import (
     add_run,
     add_run_privacy,
@@ -42,6 +44,7 @@ from party_b.store.tables import (
     PsiKey,
     RevokedToken,
     Run,
+    RunLease,
     RunPrivacy,
     StepLog,
 )
@@ -62,6 +65,7 @@ __all__ = [
     "PsiKey",
     "RevokedToken",
     "Run",
+    "RunLease",
     "RunPrivacy",
     "StepLog",
     "active_tokens",
@@ -69,11 +73,15 @@ __all__ = [
     "add_run_privacy",
     "all_tokens",
     "checkpoint_steps",
+    "claim",
     "copy_database",
     "count_open_runs",
     "delete_run",
     "eval_results",
+    "fence",
     "forget_after",
+    "is_free",
+    "lease_of",
     "load_checkpoint",
     "log_evaluation",
     "log_step",
@@ -81,6 +89,7 @@ __all__ = [
     "make_session_factory",
     "owned_run",
     "psi_key",
+    "release",
     "revoked_hash",
     "run_by_id",
     "run_created_with_key",

@@ -23,9 +23,14 @@ def save_checkpoint(
     request_sha256: bytes | None,
     response: bytes | None,
     keep: int,
+    interval: int | None = None,
 ) -> None:
     """Insert (or replace) the checkpoint of ``step`` and prune to the newest ``keep``.
 
+    With ``interval`` (the run's checkpoint interval) only checkpoints at its multiples count
+    towards ``keep``, and one between them survives only while it is the newest: a run
+    evicted from memory at any step (``party_b.service.ownership``) must not push out the
+    interval checkpoints party A rolls back to, which it keeps at the same steps.
     The caller commits; all of it lands in one transaction.
     """
     session.merge(
@@ -39,12 +44,13 @@ def save_checkpoint(
         )
     )
     session.flush()
-    kept = session.scalars(
-        select(Checkpoint.step)
-        .where(Checkpoint.run_id == run_id)
-        .order_by(Checkpoint.step.desc())
-        .limit(keep)
+    steps = session.scalars(
+        select(Checkpoint.step).where(Checkpoint.run_id == run_id).order_by(Checkpoint.step.desc())
     ).all()
+    if interval is None:
+        kept = list(steps[:keep])
+    else:
+        kept = [s for s in steps if s % interval == 0][:keep] + list(steps[:1])
     session.execute(
         delete(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step.not_in(kept))
     )

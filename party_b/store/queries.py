@@ -19,6 +19,7 @@ from party_b.store.tables import (
     IdempotencyKey,
     PsiKey,
     Run,
+    RunLease,
     RunPrivacy,
     StepLog,
 )
@@ -54,9 +55,9 @@ def owned_run(session: Session, owner_id: int, run_id: str) -> Run | None:
 
 def delete_run(session: Session, run_id: str) -> None:
     """Delete a run and everything stored for it (step log, checkpoints, evaluations, the
-    key it was created with, its privacy policy); explicit rather than by cascade, which
+    key it was created with, its privacy policy, its lease); explicit rather than by cascade, which
     PostgreSQL and SQLite would both do but an older SQLite file may not have declared."""
-    for table in (StepLog, Checkpoint, EvalResult, IdempotencyKey, RunPrivacy):
+    for table in (StepLog, Checkpoint, EvalResult, IdempotencyKey, RunPrivacy, RunLease):
         session.execute(delete(table).where(table.run_id == run_id))
     session.execute(delete(Run).where(Run.id == run_id))
 

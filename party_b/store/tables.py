@@ -1,4 +1,5 @@
-"""Party B's tables (SQLAlchemy 2.0 declarative): tokens, runs, step log, checkpoints, PSI keys.
+"""Party B's tables (SQLAlchemy 2.0 declarative): tokens, runs, step log, checkpoints, PSI keys,
+run leases.
 
 The types used here (JSON, LargeBinary) are portable between SQLite and PostgreSQL. A table
 added later is created by ``make_engine``'s ``create_all`` on an older database: new state
@@ -21,6 +22,7 @@ __all__ = [
     "PsiKey",
     "RevokedToken",
     "Run",
+    "RunLease",
     "RunPrivacy",
     "StepLog",
 ]
@@ -196,3 +198,23 @@ class RunPrivacy(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     policy: Mapped[dict[str, Any]] = mapped_column(JSON)
     secret: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class RunLease(Base):
+    """Which replica of party B holds a run in memory, and its fencing token.
+
+    Every load of a run (a replica taking it over, or reloading it) raises ``token`` in the
+    transaction that reads the run's newest checkpoint; every commit that changes the run
+    (a step, a resume, a finish, a checkpoint of an evicted run) first updates this row where
+    ``token`` is still the one its holder loaded with, and is refused when it is not. So two
+    replicas never both apply steps of one run: the row lock orders a takeover against a
+    commit, and a copy loaded before the takeover can no longer commit (``store.leases``).
+    A table of its own, so that an older database gains it with ``create_all``.
+    """
+
+    __tablename__ = "run_leases"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(200), default=None)  # None: released
+    token: Mapped[int] = mapped_column(Integer)
+    held_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)  # last claim/commit

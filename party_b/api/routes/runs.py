@@ -47,7 +47,7 @@ async def get_run(request: Request, run_id: str, who: CallerDep, service: Servic
     return await in_thread(request, service.runs.get, who, run_id)
 
 
-@router.post("/v1/runs/{run_id}/finish", **contract(problems=(*RUN, P.RUN_STATE)))
+@router.post("/v1/runs/{run_id}/finish", **contract(problems=(*RUN, P.RUN_STATE, P.RUN_MOVED)))
 async def finish(request: Request, run_id: str, who: CallerDep, service: ServiceDep) -> RunOut:
     return await in_thread(request, service.runs.finish, who, run_id)
 

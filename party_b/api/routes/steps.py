@@ -31,6 +31,7 @@ RUN = (*AUTHENTICATED, P.NOT_FOUND)
             P.SHAPE_MISMATCH,
             P.TRAINING_DIVERGED,
             P.INTERNAL,
+            P.RUN_MOVED,
         ),
     ),
 )
@@ -68,6 +69,7 @@ async def step_log(
             P.RUN_STATE,
             P.CHECKPOINT_NOT_FOUND,
             P.INTERNAL,
+            P.RUN_MOVED,
         )
     ),
 )

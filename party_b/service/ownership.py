@@ -1,0 +1,115 @@
+"""Which party B replica holds a run: claimed on load, checked at every commit, released when
+the run leaves memory (the protocol is ``party_b.store.leases``).
+
+Several replicas may serve one database behind a load balancer that sends each run's
+requests to one of them (docs/DEPLOY.md). A replica that gets a request for a run it does not
+hold in memory loads it, which claims its lease: the run's previous holder, dead or alive,
+can commit nothing of that run any more (``fence`` refuses it with 503 ``run-moved``, and
+drops the copy). So whichever replica the balancer picks, one copy of a run moves at a time,
+from its newest checkpoint, and party A's usual rollback replays what the old holder had
+applied after that checkpoint.
+
+``park`` is the other way out of memory: a run evicted to keep this replica within its
+bounds (``bounds.LiveBounds``) is checkpointed at its applied step and released first, so its
+next request, here or at another replica, goes on exactly where it stopped.
+"""
+
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Callable
+from typing import TypeVar
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from api_schemas import ProblemType
+from party_b import store
+from party_b.errors import ProblemError
+from party_b.service.runstate import RunState
+
+__all__ = ["Ownership", "default_holder", "once_more_if_moved"]
+
+log = logging.getLogger("fedlite.party_b")
+T = TypeVar("T")
+
+
+def default_holder() -> str:
+    """This process's name as a lease holder: host, process id and a random suffix (a
+    restarted process with a recycled id is still another holder)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class Ownership:
+    """This replica's side of the run leases."""
+
+    def __init__(
+        self, sessions: sessionmaker[Session], *, holder: str | None = None, checkpoints_kept: int
+    ) -> None:
+        self.holder = holder or default_holder()  # FEDLITE_B_REPLICA_ID, or default_holder()
+        self._sessions = sessions
+        self._checkpoints_kept = checkpoints_kept
+
+    def claim(self, session: Session, run_id: str) -> int:
+        """Take the run over, in the transaction that then reads its newest checkpoint;
+        returns the token the copy about to be loaded holds it with."""
+        return store.claim(session, run_id, self.holder)
+
+    def fence(self, session: Session, state: RunState) -> None:
+        """Refuse a commit from a copy that no longer holds the run (503 ``run-moved``); the
+        caller holds ``state.lock`` and is inside the commit's transaction."""
+        if state.lease is not None and store.fence(session, state.run_id, state.lease):
+            return
+        if state.lease is not None:
+            log.warning("run %s was taken over by another holder; dropping this copy", state.run_id)
+        state.lease = None  # the cache hands it out no more
+        raise ProblemError(
+            ProblemType.RUN_MOVED,
+            "another party B replica took this run over while the request was being served; "
+            "nothing was applied here: send it again",
+        )
+
+    def park(self, state: RunState) -> None:
+        """Checkpoint an evicted run at its applied step and release its lease. Best effort:
+        if that fails, the run reloads its newest earlier checkpoint and party A rolls back."""
+        with state.lock:
+            if state.lease is None:
+                return
+            try:
+                with self._sessions() as session:
+                    if not store.fence(session, state.run_id, state.lease):
+                        return  # another replica holds it: nothing of ours to save
+                    steps = store.checkpoint_steps(session, state.run_id)
+                    if not state.finished and state.step not in steps:
+                        model_state, optimizer_state = state.trainer.state()
+                        store.save_checkpoint(
+                            session,
+                            run_id=state.run_id,
+                            step=state.step,
+                            model_state=model_state,
+                            optimizer_state=optimizer_state,
+                            request_sha256=state.last_request_sha,
+                            response=state.last_response,
+                            keep=self._checkpoints_kept,
+                            interval=state.config.checkpoint_interval,
+                        )
+                    store.release(session, state.run_id, state.lease)
+                    session.commit()
+                log.info("run %s left memory at step %d (checkpointed)", state.run_id, state.step)
+            except Exception:
+                log.exception("run %s could not be checkpointed on leaving memory", state.run_id)
+            finally:
+                state.lease = None
+
+
+def once_more_if_moved(call: Callable[[], T]) -> T:
+    """``call()``, and once more if its copy of the run had lost its lease: that copy is gone
+    from memory by then, so the second call loads the run and takes it over (the load
+    balancer sent the request here). A second ``run-moved`` goes to the client, which
+    resends it like any 503."""
+    try:
+        return call()
+    except ProblemError as exc:
+        if exc.type is not ProblemType.RUN_MOVED:
+            raise
+        return call()

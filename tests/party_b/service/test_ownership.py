@@ -1,0 +1,84 @@
+"""Replicas on one database (``party_b.service.ownership``): a replica that gets a run it
+does not hold takes it over, and the copy the previous holder kept applies nothing more."""
+
+from pathlib import Path
+
+import pytest
+
+from api_schemas import ProblemType
+from party_b import store
+from party_b.errors import ProblemError
+from party_b.metrics import Metrics
+from party_b.service import Service, build_service
+from party_b.service.ownership import once_more_if_moved
+from party_b.settings import Limits
+from tests.utils.small_runs import SmallPartyB, aligned_in_process, small_party_b
+
+
+def _replica(party_b: SmallPartyB, name: str) -> Service:
+    return build_service(
+        sessions=party_b.sessions,
+        labels=party_b.labels,
+        limits=Limits(),
+        metrics=Metrics(),
+        replica_id=name,
+    )
+
+
+def test_a_takeover_fences_the_old_holders_copy(tmp_path: Path) -> None:
+    # Prepare: replica one trains the run to step 3 (checkpoint at 2)
+    party_b = small_party_b(tmp_path)
+    one, two = _replica(party_b, "one"), _replica(party_b, "two")
+    caller = party_b.caller
+    run = aligned_in_process(one, caller)
+    reference = [one.steps.step(caller, run.id, run.step_body(t)) for t in (1, 2, 3)]
+
+    # Act: the load balancer now sends the run to replica two, which takes it over at its
+    # checkpoint of step 2 and applies step 3 again (party A's replay) and step 4
+    assert two.runs.get(caller, run.id).step == 2
+    with party_b.sessions() as session:
+        assert store.lease_of(session, run.id) == ("two", 2)
+    assert two.steps.step(caller, run.id, run.step_body(3)) == reference[2]
+    step_4 = two.steps.step(caller, run.id, run.step_body(4))
+
+    # Assert: replica one's copy (at step 3) cannot apply step 4 a second time: its commit is
+    # refused, and the step goes again on a fresh load (replica one takes the run back, at
+    # replica two's checkpoint of step 4), which answers it from that checkpoint
+    assert one.steps.step(caller, run.id, run.step_body(4)) == step_4
+    with party_b.sessions() as session:
+        assert store.lease_of(session, run.id) == ("one", 3)
+    logged = [row.step for row in one.runs.step_log(caller, run.id, 0, 100)]
+    assert logged == [1, 2, 3, 4]
+
+
+def test_a_stale_copy_is_refused_rather_than_rolling_the_run_back(tmp_path: Path) -> None:
+    """Replica one still holds the run at step 3 when replica two has gone on to step 6.
+    Without the fence, replica one's resume to its checkpoint would delete replica two's
+    steps; with it, the resume loads the run first and rolls back what the run really has."""
+    party_b = small_party_b(tmp_path)
+    one, two = _replica(party_b, "one"), _replica(party_b, "two")
+    caller = party_b.caller
+    run = aligned_in_process(one, caller)
+    for t in (1, 2, 3):
+        one.steps.step(caller, run.id, run.step_body(t))
+    two.runs.get(caller, run.id)  # takes it over at 2
+    for t in (3, 4, 5, 6):
+        two.steps.step(caller, run.id, run.step_body(t))
+
+    out = one.steps.resume(caller, run.id, 4)
+
+    assert out.step == 4 and out.checkpoints == [2, 4]
+    logged = [row.step for row in one.runs.step_log(caller, run.id, 0, 100)]
+    assert logged == [1, 2, 3, 4]
+
+
+def test_a_second_takeover_in_one_request_reaches_the_client_as_run_moved() -> None:
+    calls = []
+
+    def always_moved() -> None:
+        calls.append(1)
+        raise ProblemError(ProblemType.RUN_MOVED, "taken over")
+
+    with pytest.raises(ProblemError) as refused:
+        once_more_if_moved(always_moved)
+    assert len(calls) == 2 and refused.value.status == 503
