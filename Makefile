@@ -13,7 +13,7 @@ DEV     := $(VENV)/.installed-dev
 INSTALL_INPUTS := $(BIN)/python pyproject.toml constraints.txt docker/install.sh
 
 .PHONY: install install-product test test-e2e test-deploy test-all lint typecheck pytest demo bench \
-	loadtest lock clean
+	loadtest replicas lock clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "need Python 3.11, 3.12 or 3.13 on PATH (or PYTHON=...)"; exit 1; }
@@ -75,6 +75,16 @@ bench: $(DEV)
 # Locust, headless, against a party B started on 127.0.0.1 (exit code 1 = SLO missed).
 loadtest: $(DEV)
 	$(BIN)/python -m loadtests.run --users 4 --run-time 60s --max-fail-ratio 0 --max-p99-ms 2000
+
+# Party B replicated on this machine without Docker: PostgreSQL (Debian's postgresql), HAProxy
+# (Debian's haproxy) routing each run to one replica, and two `fedlite-b serve` replicas; a
+# replica that dies is started again. Prints the URL (and a demo token) as one JSON line; Ctrl-C
+# stops it all (docs/DEPLOY.md, "Replicas"). PY runs it with another Python (tests/e2e does);
+# REPLICAS_ARGS: e.g. --replicas 3 --port 9000 --labels labels.csv --tokens alice:<token>.
+PY ?= $(BIN)/python
+REPLICAS_ARGS ?= --replicas 2
+replicas: $(if $(filter $(BIN)/python,$(PY)),$(DEV))
+	$(PY) -m party_b.ops.stack $(REPLICAS_ARGS)
 
 # constraints.txt: every dependency and extra pinned, for Python 3.11-3.13 on any platform
 # (uv's universal resolution). torch's CUDA packages are left out: we install the CPU build.

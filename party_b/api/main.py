@@ -27,7 +27,7 @@ from party_b.metrics import Metrics
 from party_b.service import LiveBounds, build_service
 from party_b.settings import Settings, parse_token_list
 from party_b.store import make_engine, make_session_factory
-from party_b.store.engine import checkpoint_wal
+from party_b.store.engine import checkpoint_wal, one_at_a_time
 
 __all__ = ["create_app"]
 
@@ -110,7 +110,7 @@ def open_database(settings: Settings) -> tuple[Engine, sessionmaker[Session]]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.resolved_database_url())
     sessions = make_session_factory(engine)
-    with sessions() as session:
+    with one_at_a_time(engine), sessions() as session:
         for name, token in parse_token_list(settings.tokens):
             if not auth.register_token(session, name, token):
                 log.warning("token %r from the configuration was revoked; it stays revoked", name)

@@ -57,7 +57,7 @@ class RunLoader:
             if checkpoint is None:
                 raise ProblemError.internal(f"run {run_id} has no checkpoint")
             restore(trainer, checkpoint)
-            store.forget_after(session, run_id, checkpoint.step)
+            lost = store.forget_after(session, run_id, checkpoint.step)
             privacy = store.run_privacy(session, run_id)
             session.commit()
             state = self._state(run, spec, trainer)
@@ -66,7 +66,7 @@ class RunLoader:
                     PrivacyPolicy.from_stored(privacy.policy), privacy.secret
                 )
             state.commit(checkpoint.step, checkpoint.request_sha256, checkpoint.response)
-            state.lease = lease
+            state.lease, state.behind = lease, lost > 0
             return state
 
     def _state(self, run: store.Run, spec: RunCreate, trainer: TopTrainer) -> RunState:

@@ -54,6 +54,9 @@ class RunState:
     # the fencing token of the run's lease this copy was loaded with (store.leases); None
     # once the copy lost it (the run was parked, or another replica claimed it)
     lease: int | None = None
+    # loaded from a checkpoint older than steps the run had applied (a crash, a takeover):
+    # party A is ahead and rolls back, so a step ahead is not held for its predecessor
+    behind: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def positions_of(self, split: str) -> np.ndarray:
@@ -68,6 +71,7 @@ class RunState:
     def commit(self, step: int, request_sha: bytes | None, response: bytes | None) -> None:
         """Record that ``step`` is the last applied step, answered with ``response``."""
         self.step, self.last_request_sha, self.last_response = step, request_sha, response
+        self.behind = False
 
 
 def owned_row(session: Session, caller: Caller, run_id: str) -> store.Run:

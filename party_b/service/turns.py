@@ -19,6 +19,9 @@ normal path's 400), and the applied step of the caller's run in memory
 (``RunCache.peek_owned``, never the database). A run not in memory yet (its first steps, or
 the first after a restart) is loaded first in a worker thread, as the step itself would load
 it, with the same 404 for another token's run as for a missing one; the wait starts after.
+A run loaded from a checkpoint older than steps it had applied (after a crash, or taken over
+from another replica: ``RunState.behind``) holds nothing until it applies a step: party A is
+past that checkpoint, the predecessor will never come, and the 409 starts its rollback.
 Every step request, once answered, wakes the held steps of its run, which look again; so does
 a resume. ``Turns`` is used from the event loop thread only: no locks.
 """
@@ -112,8 +115,8 @@ class Turns:
             state = await offload(partial(self._cache.owned, caller, run_id))
         while True:
             ahead = step - state.step if state is not None and not state.finished else 0
-            if not 1 < ahead <= MAX_AHEAD:
-                return False
+            if not 1 < ahead <= MAX_AHEAD or (state is not None and state.behind):
+                return False  # (behind: its predecessor will not come, party A rolls back)
             remaining = deadline - loop.time()
             # at most as many held as party A can have in flight: a client that sends more
             # (each with its body in memory) gets its 409s at once

@@ -5,7 +5,9 @@ A checkpoint is one row written in one transaction together with the pruning of 
 so after a crash it is either wholly there or not there. Callers commit.
 """
 
-from sqlalchemy import delete, select
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, delete, select
 from sqlalchemy.orm import Session
 
 from party_b.store.tables import Checkpoint, StepLog
@@ -74,7 +76,9 @@ def load_checkpoint(session: Session, run_id: str, step: int | None = None) -> C
     return session.scalars(query).first()
 
 
-def forget_after(session: Session, run_id: str, step: int) -> None:
-    """Drop step-log rows and checkpoints past ``step``: that future was rolled back."""
-    session.execute(delete(StepLog).where(StepLog.run_id == run_id, StepLog.step > step))
+def forget_after(session: Session, run_id: str, step: int) -> int:
+    """Drop step-log rows and checkpoints past ``step``: that future was rolled back.
+    Returns how many logged steps were dropped."""
+    dropped = session.execute(delete(StepLog).where(StepLog.run_id == run_id, StepLog.step > step))
     session.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step > step))
+    return int(cast(CursorResult[Any], dropped).rowcount)

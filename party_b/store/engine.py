@@ -4,6 +4,8 @@ SQLite by default (WAL journal, busy timeout, foreign keys on); any SQLAlchemy U
 """
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, Integer, create_engine, event, func, select, text
@@ -11,9 +13,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from party_b.store.tables import Base
 
-__all__ = ["checkpoint_wal", "copy_database", "make_engine", "make_session_factory"]
+__all__ = [
+    "checkpoint_wal",
+    "copy_database",
+    "make_engine",
+    "make_session_factory",
+    "one_at_a_time",
+]
 
 log = logging.getLogger("fedlite.party_b")
+
+_STARTUP_LOCK = 0x46454442  # PostgreSQL advisory lock key of party B's start-up ("FEDB")
 
 
 def make_engine(url: str) -> Engine:
@@ -32,8 +42,26 @@ def make_engine(url: str) -> Engine:
             cursor.close()
     else:
         engine = create_engine(url, pool_pre_ping=True)
-    Base.metadata.create_all(engine)
+    with one_at_a_time(engine):
+        Base.metadata.create_all(engine)
     return engine
+
+
+@contextmanager
+def one_at_a_time(engine: Engine) -> Iterator[None]:
+    """Start-up work that replicas of party B sharing one PostgreSQL database must not do at
+    once (creating tables, registering tokens: two replicas starting together raced into
+    duplicate-key errors): one process at a time, by an advisory lock. A no-op on other
+    databases (one SQLite file has one party B)."""
+    if engine.dialect.name != "postgresql":
+        yield
+        return
+    with engine.connect() as connection:
+        connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _STARTUP_LOCK})
+        try:
+            yield
+        finally:
+            connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _STARTUP_LOCK})
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

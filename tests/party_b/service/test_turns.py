@@ -282,3 +282,28 @@ def test_a_resent_held_step_is_refused_at_once(
         assert _post_step(url, run, 2).status_code == 200  # releases the first: applied
         assert first.answer().status_code == 200
         assert client.get(f"/v1/runs/{run.id}").json()["step"] == 3
+
+
+def test_a_run_loaded_behind_its_applied_steps_holds_nothing(tmp_path: Path) -> None:
+    """Party B lost steps it had applied (a crash, or another replica took the run over at an
+    older checkpoint): party A is past that checkpoint, the predecessor of its next step will
+    never come, so the step is refused at once (and party A rolls back), not held."""
+    with _party_b(tmp_path, hold=LONG) as (app, url), _client(url) as client:
+        run = aligned_run(client)  # checkpoints every 2 steps
+        for step in (1, 2, 3):
+            assert _post_step(url, run, step).status_code == 200
+        app.state.service.context.cache.drop(run.id)  # step 3 is logged, not checkpointed
+        held = _held(app)
+
+        started = time.monotonic()
+        refused = _post_step(url, run, 5)  # party A's next steps after 3 (K = 2)
+
+        assert time.monotonic() - started < LONG / 2
+        assert problem(refused, 409, "step-out-of-order")["applied_step"] == 2
+        assert _held(app) == held
+        # once it applies a step again, steps ahead are held as before
+        assert _post_step(url, run, 3).status_code == 200
+        late = _InFlight(lambda: _post_step(url, run, 5))
+        _until_held(app, held + 1)
+        assert _post_step(url, run, 4).status_code == 200
+        assert late.answer().status_code == 200

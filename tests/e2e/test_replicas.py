@@ -1,0 +1,251 @@
+"""Party B replicated: ``make replicas`` (PostgreSQL, HAProxy, two ``fedlite-b serve``
+replicas, no Docker) with runs training through the load balancer while the replica that
+holds a run is SIGKILLed; every run ends bit-identical to an uninterrupted one, each step
+logged once. (``python -m benchmarks.failover`` does the same with three replicas, more runs
+and kills, and measures the recovery.)
+
+Needs Debian's ``postgresql`` and ``haproxy``: skipped with the reason when either is
+missing, failed under CI (``.ci/run`` installs both).
+"""
+
+import json
+import os
+import queue
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from party_a.config import PartyAConfig, load_config
+from party_a.errors import problem_from_body
+from party_a.features import load_features
+from party_a.store import LocalStore
+from party_a.trainer import PartyATrainer
+from party_a.transport.http import HttpTransport
+from party_b import store
+from party_b.inprocess import InProcessTransport, in_process_party_b
+from party_b.labels import load_label_table
+from party_b.ops.launch import free_port
+from shared.demo_data import write_party_a_demo, write_party_b_demo
+from shared.training import state_sha256
+from tests.utils.servers import ALICE, REPO_ROOT
+
+STEPS, KILLS = 600, 3
+
+
+def _require(program: str, package: str) -> None:
+    found = shutil.which(program) or any(Path("/usr/lib/postgresql").glob(f"*/bin/{program}"))
+    if not found and not Path(f"/usr/sbin/{program}").exists():
+        message = f"{program} is missing: apt-get install {package} (.ci/run does it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def _config(name: str, seed: int) -> PartyAConfig:
+    return load_config(
+        None,
+        {
+            "run.name": name,
+            "run.model": "tabular_mlp",
+            "run.steps": STEPS,
+            "run.batch_size": 32,
+            "run.seed": seed,
+            "run.checkpoint_interval": 10,
+            "run.pipeline_depth": 2,
+            "model.bottom": {"hidden": [32], "cut_dim": 16},
+            "model.top": {"hidden": [16]},
+            "quantizer.mode": "pq",
+            "quantizer.q": 4,
+            "quantizer.L": 4,
+            "optimizer.bottom": {"name": "adam", "lr": 0.003},
+            "optimizer.top": {"name": "adam", "lr": 0.003},
+        },
+    )
+
+
+class Stack:
+    """``make replicas`` in its own process group; ``describe()`` reads its stack.json."""
+
+    def __init__(self, state_dir: Path, labels: Path) -> None:
+        self.state_dir = state_dir
+        args = (
+            f"--replicas 2 --port {free_port()} --state-dir {state_dir} --labels {labels} "
+            f"--tokens alice:{ALICE} --restart-after 0.5"
+        )
+        with (state_dir.parent / "make.log").open("wb") as log:
+            self.proc = subprocess.Popen(
+                ["make", "-s", "replicas", f"PY={sys.executable}", f"REPLICAS_ARGS={args}"],
+                cwd=REPO_ROOT,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+            )
+        lines: queue.Queue[bytes] = queue.Queue()
+        assert self.proc.stdout is not None
+        stdout = self.proc.stdout
+        threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
+        try:
+            ready = lines.get(timeout=240)
+        except queue.Empty:
+            self.stop()
+            raise AssertionError("make replicas did not come up in 240 s") from None
+        if not ready:
+            self.stop()
+            log = (state_dir.parent / "make.log").read_text(errors="replace")
+            raise AssertionError(f"make replicas exited:\n{log[-3000:]}")
+        self.url: str = json.loads(ready)["url"]
+
+    def describe(self) -> dict[str, Any]:
+        described: dict[str, Any] = json.loads((self.state_dir / "stack.json").read_text())
+        return described
+
+    def all_up(self) -> bool:
+        for replica in self.describe()["replicas"].values():
+            try:
+                if httpx.get(f"{replica['url']}/healthz", timeout=2).status_code != 200:
+                    return False
+            except httpx.HTTPError:
+                return False
+        return True
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[tuple[Stack, Path, Path]]:
+    _require("haproxy", "haproxy")
+    _require("initdb", "postgresql")
+    features = write_party_a_demo(tmp_path / "party_a.csv")
+    labels = write_party_b_demo(tmp_path / "party_b.csv")
+    (tmp_path / "stack").mkdir()
+    running = Stack(tmp_path / "stack", labels)
+    try:
+        yield running, features, labels
+    finally:
+        running.stop()
+
+
+def _reference(tmp_path: Path, features: Path, labels: Path, seed: int) -> tuple[str, str]:
+    source = load_label_table(labels, id_column="id", label_column="y", feature_columns=None)
+    (tmp_path / f"ref-{seed}").mkdir()
+    service, caller = in_process_party_b(source, tmp_path / f"ref-{seed}" / "b.sqlite")
+    trainer = PartyATrainer(
+        config=_config(f"run-{seed}", seed),
+        features=load_features(features, id_column="id", feature_columns=None, standardize=True),
+        transport=InProcessTransport(service, caller, problem=problem_from_body),
+        store=LocalStore.in_directory(tmp_path / f"ref-{seed}" / "a"),
+        server="in-process",
+    )
+    try:
+        trainer.prepare()
+        trainer.train()
+        top = service.runs.get(caller, trainer.run_id).model_sha256
+        assert top is not None
+        return state_sha256(trainer.bottom.model.state_dict()), top
+    finally:
+        trainer.close()
+
+
+def _holder(sessions: sessionmaker[Session], run_id: str) -> str:
+    """The replica that serves the run: its lease holder in PostgreSQL."""
+    with sessions() as session:
+        lease = store.lease_of(session, run_id)
+    assert lease is not None and lease[0] is not None, lease
+    return lease[0]
+
+
+def _kill_the_holder_of(
+    running: Stack,
+    sessions: sessionmaker[Session],
+    trainer: PartyATrainer,
+    reached: dict[int, int],
+    training: threading.Thread,
+) -> list[tuple[str, int]]:
+    """SIGKILL the replica holding the run ``KILLS`` times, each at a random moment once
+    both replicas are up again (the stack restarts a killed one)."""
+    rng = random.Random(25)
+    killed: list[tuple[str, int]] = []
+    while len(killed) < KILLS and training.is_alive() and reached[0] < STEPS - 40:
+        time.sleep(rng.uniform(0.2, 1.0))
+        if running.all_up():
+            name = _holder(sessions, trainer.run_id)
+            os.kill(running.describe()["replicas"][name]["pid"], signal.SIGKILL)
+            killed.append((name, reached[0]))
+    return killed
+
+
+@pytest.mark.timeout(900)
+def test_replicas_behind_haproxy_survive_sigkills_of_the_replica_serving_a_run(
+    stack: tuple[Stack, Path, Path], tmp_path: Path
+) -> None:
+    running, features, labels = stack
+    expected = {seed: _reference(tmp_path, features, labels, seed) for seed in (0, 1)}
+    trainers = {
+        seed: PartyATrainer(
+            config=_config(f"run-{seed}", seed),
+            features=load_features(
+                features, id_column="id", feature_columns=None, standardize=True
+            ),
+            transport=HttpTransport(running.url, ALICE, retry_for=300, timeout=60),
+            store=LocalStore.in_directory(tmp_path / f"a-{seed}"),
+            server=running.url,
+        )
+        for seed in (0, 1)
+    }
+    reached = dict.fromkeys(trainers, 0)
+    results: dict[int, Any] = {}
+    for seed, trainer in trainers.items():
+        trainer.prepare()
+        trainer.on_step = lambda r, _s, seed=seed: reached.__setitem__(seed, r.step)
+
+    def train(seed: int) -> None:
+        try:
+            results[seed] = trainers[seed].train()
+        except Exception as exc:  # reported by the assertions below
+            results[seed] = exc
+
+    threads = [threading.Thread(target=train, args=(seed,), daemon=True) for seed in trainers]
+    engine = store.make_engine(running.describe()["database_url"])
+    try:
+        for thread in threads:
+            thread.start()
+        killed = _kill_the_holder_of(running, store.make_session_factory(engine), trainers[0],
+                                     reached, threads[0])  # fmt: skip
+        for thread in threads:
+            thread.join(600)
+    finally:
+        engine.dispose()
+        for trainer in trainers.values():
+            trainer.close()
+
+    assert len(killed) == KILLS, killed
+    for seed, trainer in trainers.items():
+        summary = results[seed]
+        assert not isinstance(summary, Exception), summary
+        assert summary.last_step == STEPS
+        bottom = state_sha256(trainer.bottom.model.state_dict())
+        with HttpTransport(running.url, ALICE) as transport:
+            top = transport.get_run(trainer.run_id).model_sha256
+            logged = [row["step"] for row in transport.step_log(trainer.run_id)]
+        assert (bottom, top) == expected[seed], seed
+        assert logged == list(range(1, STEPS + 1)), seed
+    assert sum(summary.rollbacks for summary in results.values()) >= 1
