@@ -28,13 +28,19 @@ TOKEN = "benchmark-token-0123456789"
 
 @contextmanager
 def party_b_server(
-    data_dir: Path, labels: Path, *, malloc_tuning: bool = True, torch_threads: int | None = None
+    data_dir: Path,
+    labels: Path,
+    *,
+    malloc_tuning: bool = True,
+    torch_threads: int | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[str]:
     """``fedlite-b serve`` on 127.0.0.1 with TOKEN (and the glibc malloc settings of
     docs/PERFORMANCE.md unless ``malloc_tuning`` is off); yields its URL."""
     from party_b.ops.launch import MALLOC_TUNING, local_party_b  # here: benchmarks import no party
 
     extra = ["--torch-threads", str(torch_threads)] if torch_threads else []
+    extra += list(extra_args)
     env = MALLOC_TUNING if malloc_tuning else {}
     with local_party_b(data_dir, labels, {"benchmark": TOKEN}, extra_args=extra, env=env) as url:
         yield url

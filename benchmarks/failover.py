@@ -12,7 +12,10 @@ picks a random run that is still training, looks up in PostgreSQL which replica 
 lease -- the one serving it -- and kill -9's that replica; it then waits until the run has
 applied a step again (recovery) and until it is past the step it had reached (caught up).
 A kill happens only while every replica is up, so each one measures a failover to a live
-replica, not the wait for a restart.
+replica, not the wait for a restart. Recovery is the time from the kill to the first step
+party A has answered after another replica claimed the run's lease (so an answer the dying
+replica sent just before it died does not count); caught up, to the first such step past
+the one the run had reached at the kill (the rollback's replay included).
 
 Every run is compared with the same run trained uninterrupted on a single party B (in
 process, SQLite): party A's bottom model, party B's top model (checksums) and the final
@@ -139,10 +142,11 @@ class Watched:
         return max((s for _, s in self.events), default=0)
 
 
-def _lease_holder(sessions: Any, run_id: str) -> str | None:
+def _lease(sessions: Any, run_id: str) -> tuple[str | None, int]:
+    """(holder, fencing token) of the run's lease."""
     with sessions() as session:
         lease = store.lease_of(session, run_id)
-    return None if lease is None else lease[0]
+    return (None, 0) if lease is None else lease
 
 
 def _all_up(stack: LocalStack) -> bool:
@@ -186,21 +190,32 @@ def kill_loop(
         if not _all_up(stack):
             continue
         watched = rng.choice(candidates)
-        holder = _lease_holder(sessions, watched.trainer.run_id)
+        run_id = watched.trainer.run_id
+        holder, token = _lease(sessions, run_id)
         if holder is None:
             continue
         reached, killed_at = watched.reached(), time.monotonic()
         stack.kill9(holder)
-        first = _wait(lambda w=watched, t=killed_at: any(e > t for e, _ in w.events), 300)
-        caught_up = _wait(lambda w=watched, r=reached: w.reached() > r or not w.training, 300)
+        # recovered: another replica claimed the run, and party A got a step answered after
+        # that (an answer the killed replica had sent before it died does not count)
+        claimed = _wait(lambda r=run_id, t=token: _lease(sessions, r)[1] > t, 300)
+        t_claim = time.monotonic()
+        _wait(
+            lambda w=watched, a=t_claim, r=reached: any(e > a and s > r for e, s in w.events),
+            300,
+        )
+        after = [(e, s) for e, s in list(watched.events) if e > t_claim]
+        first = min((e for e, _ in after), default=None)
+        caught = min((e for e, s in after if s > reached), default=None)
         done.append(
             {
                 "run": watched.seed,
                 "replica": holder,
                 "at_step": reached,
-                "recovery_s": first,
-                "caught_up_s": None if caught_up is None else caught_up + (first or 0.0),
-                "taken_over_by": _lease_holder(sessions, watched.trainer.run_id),
+                "claimed_s": claimed,
+                "recovery_s": None if first is None else first - killed_at,
+                "caught_up_s": None if caught is None else caught - killed_at,
+                "taken_over_by": _lease(sessions, run_id)[0],
             }
         )
         print(f"kill {len(done)}: {done[-1]}", flush=True)

@@ -12,7 +12,15 @@ Party B (``fedlite-b serve``): its RSS (VmRSS from /proc) after every 100 steps 
 then after each of a series of runs that are created, aligned, trained and finished. Target:
 no growth with steps or finished runs (after the first few, which fill its caches).
 
+Party B's bound on runs in memory (``--bounded-only``, ``benchmarks/results/memory-bounded.json``):
+runs with a large top model (d=1024 -> 2048 -> 2048 -> 62, Adam: 6.4 M parameters, about
+100 MB of weights, gradients and optimizer state each) are opened one after another and
+left open (3 steps each, never finished), once on a party B without a bound (1000 runs) and
+once with ``--max-live-runs 2``; RSS after each. Target: flat once the open runs pass the
+bound.
+
     python -m benchmarks.memory [--steps 300] [--runs 10]
+    python -m benchmarks.memory --bounded-only [--open-runs 10] [--cap 2]
 """
 
 import argparse
@@ -28,7 +36,14 @@ import httpx
 import numpy as np
 
 from benchmarks.common import ROOT, SHARED_DATA, TOKEN, party_b_server, versions, write_result
-from loadtests.scenarios import SCENARIOS, StepSchedule, hashed_ids, read_ids, write_label_table
+from loadtests.scenarios import (
+    SCENARIOS,
+    Scenario,
+    StepSchedule,
+    hashed_ids,
+    read_ids,
+    write_label_table,
+)
 
 IMAGES = 400  # about two FEMNIST writers' worth: party A in the paper is one client
 
@@ -259,6 +274,70 @@ def measure_party_b(url: str, labels: Path, steps: int, runs: int) -> dict[str, 
     }
 
 
+# a top model of the size that made party B grow by hundreds of MB per open run
+BIG_TOP = Scenario(
+    "big-top",
+    "tabular_mlp",
+    1024,
+    20,
+    {"mode": "pq", "q": 128, "L": 2, "R": 1},
+    top={"hidden": [2048, 2048]},
+    note="6.4 M top-model parameters",
+)
+
+
+def measure_open_runs(url: str, labels: Path, runs: int) -> list[dict[str, int]]:
+    """Open ``runs`` runs of BIG_TOP one after another (3 steps each, none finished); party
+    B's RSS after each."""
+    pid = party_b_pid(url)
+    ids = read_ids(labels)
+    rss = []
+    with httpx.Client(
+        base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=300
+    ) as client:
+        for i in range(1, runs + 1):
+            spec = BIG_TOP.run_create(f"open-{i}", steps=1_000_000, seed=i)
+            run = client.post("/v1/runs", json=spec.model_dump(mode="json")).json()
+            body = {"hashed_ids": hashed_ids(run["alignment_key"], ids)}
+            answer = client.post(f"/v1/runs/{run['id']}/alignment", json=body).json()
+            schedule = StepSchedule(BIG_TOP, spec, answer["intersection"])
+            for t in (1, 2, 3):
+                client.post(
+                    f"/v1/runs/{run['id']}/steps",
+                    content=schedule.body(t),
+                    headers={"Content-Type": "application/msgpack"},
+                ).raise_for_status()
+            rss.append({"open_runs": i, "rss_kib": _status_kib(pid, "VmRSS")})
+            print("open runs", rss[-1], flush=True)
+    return rss
+
+
+def measure_bounded(work: Path, runs: int, cap: int, malloc_tuning: bool) -> dict[str, Any]:
+    """RSS as open runs grow, without a bound and with ``--max-live-runs cap``."""
+    labels = write_label_table(work / "b-bounded.csv", n=2000)
+    curves: dict[str, Any] = {}
+    for name, bound in (("unbounded", 1000), ("bounded", cap)):
+        with party_b_server(
+            work / f"b-{name}",
+            labels,
+            malloc_tuning=malloc_tuning,
+            extra_args=("--max-live-runs", str(bound)),
+        ) as url:
+            curves[name] = measure_open_runs(url, labels, runs)
+    after = curves["bounded"][cap:]  # from the first run past the bound
+    unbounded = curves["unbounded"]
+    return {
+        "cap": cap,
+        "top_parameters": 1024 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 62 + 62,
+        "rss_unbounded": unbounded,
+        "rss_bounded": curves["bounded"],
+        "growth_per_run_unbounded_kib": (unbounded[-1]["rss_kib"] - unbounded[0]["rss_kib"])
+        / max(len(unbounded) - 1, 1),
+        "growth_past_cap_kib": after[-1]["rss_kib"] - after[0]["rss_kib"] if after else None,
+        "max_past_cap_kib": max(r["rss_kib"] for r in after) if after else None,
+    }
+
+
 def femnist_images(n: int) -> tuple[list[str], np.ndarray, np.ndarray]:
     path = SHARED_DATA / "femnist_leaf_subset" / "femnist_leaf_subset_uint8.npz"
     if path.exists():
@@ -278,8 +357,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10, help="finished runs at party B")
     parser.add_argument("--no-malloc-tuning", action="store_true", help="for party B")
     parser.add_argument("--party-a-only", action="store_true")
+    parser.add_argument("--bounded-only", action="store_true", help="runs in memory, bounded")
+    parser.add_argument("--open-runs", type=int, default=10, help="with --bounded-only")
+    parser.add_argument("--cap", type=int, default=2, help="with --bounded-only")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.bounded_only:
+        main_bounded(args)
+        return
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="fedlite-mem-") as tmp:
@@ -311,6 +396,24 @@ def main() -> None:
             "party_b_malloc_tuning": not args.no_malloc_tuning,
             "party_a": party_a,
             "party_b": party_b_result,
+        },
+        args.out,
+    )
+    print(f"wrote {path}")
+
+
+def main_bounded(args: argparse.Namespace) -> None:
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="fedlite-mem-") as tmp:
+        result = measure_bounded(Path(tmp), args.open_runs, args.cap, not args.no_malloc_tuning)
+    path = write_result(
+        "memory-bounded",
+        {
+            "versions": versions("torch", "numpy", "fastapi", "uvicorn"),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+            "party_b_malloc_tuning": not args.no_malloc_tuning,
+            **result,
         },
         args.out,
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS
+from benchmarks.report_scale import memory_bounded_table, replicas_table
 from benchmarks.report_wan import staleness_table, wan_table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md"
@@ -298,6 +299,8 @@ def render() -> str:
             throughput_table,
         ),
         ("Memory", "memory", memory_tables),
+        ("Party B's runs in memory, bounded", "memory-bounded", memory_bounded_table),
+        ("Party B replicas behind HAProxy under locust", "replicas", replicas_table),
         ("Deriving the split and the batches (schedule versions)", "schedule", schedule_table),
         ("Traffic both ways, and accuracy, per representation", "traffic", traffic_table),
         ("Across a WAN (namespaces, tbf, latency proxy)", "wan", wan_table),

@@ -10,6 +10,8 @@ settings of docs/PERFORMANCE.md, unless ``--no-malloc-tuning``), runs locust hea
 ``loadtests/locustfile.py``, stops party B and exits with locust's exit code, which the SLO
 gate sets to 1 when the failure ratio or the step p99 exceed the thresholds. ``--host URL``
 skips starting party B and targets a running one (then ``--labels-csv`` must be its table).
+``--replicas N`` starts party B as N replicas on a throwaway PostgreSQL behind HAProxy
+(``party_b.ops.stack``, docs/DEPLOY.md) and targets the load balancer.
 
 Besides locust's own figures it reads party B's ``fedlite_b_steps`` counter from
 ``/metrics`` after ``--warmup`` seconds and at the end of the run, so the reported steps/s
@@ -33,6 +35,7 @@ import httpx
 
 from loadtests.scenarios import DEFAULT_IDS, SCENARIOS, write_label_table
 from party_b.ops.launch import MALLOC_TUNING, local_party_b
+from party_b.ops.stack import LocalStack
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
@@ -50,11 +53,14 @@ def party_b(
         yield url
 
 
-def applied_steps(url: str) -> float:
-    """Party B's count of applied steps, from its Prometheus text."""
-    text = httpx.get(f"{url}/metrics", timeout=10.0).text
-    match = re.search(r'^fedlite_b_steps_total\{outcome="applied"\} (\S+)$', text, re.M)
-    return float(match.group(1)) if match else 0.0
+def applied_steps(*urls: str) -> float:
+    """Party B's count of applied steps, from its Prometheus text (summed over replicas)."""
+    total = 0.0
+    for url in urls:
+        text = httpx.get(f"{url}/metrics", timeout=10.0).text
+        match = re.search(r'^fedlite_b_steps_total\{outcome="applied"\} (\S+)$', text, re.M)
+        total += float(match.group(1)) if match else 0.0
+    return total
 
 
 def locust_stats(prefix: Path) -> dict[str, Any]:
@@ -91,6 +97,17 @@ def run(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         prefix = work / "locust"
         if args.host:
             return _locust(args, args.host, labels, prefix, classes)
+        if args.replicas:
+            with LocalStack(
+                work / "stack",
+                labels,
+                f"loadtest:{TOKEN}",
+                replicas=args.replicas,
+                torch_threads=args.torch_threads or 1,
+                restart_after=None,
+            ) as stack:
+                members = [r.url for r in stack.members.values()]
+                return _locust(args, stack.url, labels, prefix, classes, members)
         with party_b(
             work / "party_b",
             labels,
@@ -109,8 +126,16 @@ def _class_names() -> dict[str, str]:
 
 
 def _locust(
-    args: argparse.Namespace, url: str, labels: Path, prefix: Path, classes: dict[str, str]
+    args: argparse.Namespace,
+    url: str,
+    labels: Path,
+    prefix: Path,
+    classes: dict[str, str],
+    metrics_from: list[str] | None = None,
 ) -> tuple[int, dict[str, Any]]:
+    """Locust against ``url``; party B's applied steps are read from ``metrics_from`` (each
+    replica behind a load balancer) or ``url``."""
+    counted = metrics_from or [url]
     cmd = [
         sys.executable, "-m", "locust",
         "-f", str(LOCUSTFILE),
@@ -136,13 +161,14 @@ def _locust(
     end_at = started + total - 1.0
     time.sleep(warmup)
     if proc.poll() is None:
-        window = {"t0": time.monotonic(), "steps0": applied_steps(url)}
+        window = {"t0": time.monotonic(), "steps0": applied_steps(*counted)}
         time.sleep(max(0.0, end_at - time.monotonic()))
         if proc.poll() is None:
-            window.update(t1=time.monotonic(), steps1=applied_steps(url))
+            window.update(t1=time.monotonic(), steps1=applied_steps(*counted))
     code = proc.wait()
     summary: dict[str, Any] = {
         "users": args.users,
+        "replicas": args.replicas or 1,
         "scenarios": list(classes),
         "run_time_s": total,
         "exit_code": code,
@@ -180,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--labels-csv", type=Path, help="the running party B's label table")
     parser.add_argument("--no-malloc-tuning", action="store_true")
     parser.add_argument("--torch-threads", type=int, help="party B's torch threads")
+    parser.add_argument(
+        "--replicas", type=int, help="party B as N replicas behind HAProxy on PostgreSQL"
+    )
     parser.add_argument("--out", type=Path, help="write the summary as JSON here")
     return parser
 
@@ -194,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     needed = max(SCENARIOS[name].batch for name in args.scenarios) * 5 // 4 + 1
     if not args.labels_csv and args.ids < needed:
         print(f"--ids {args.ids} is too few for a batch of these scenarios: need {needed}")
+        return 2
+    if args.replicas is not None and (args.replicas < 1 or args.host):
+        print("--replicas needs a count of at least 1, and no --host", file=sys.stderr)
         return 2
     if args.host and not args.labels_csv:
         print("--host needs --labels-csv (the running party B's label table)", file=sys.stderr)

@@ -41,12 +41,12 @@ from party_b.ops.launch import MALLOC_TUNING, free_port, wait_until_healthy
 
 __all__ = ["LocalStack", "Replica", "haproxy_config", "local_postgres", "main"]
 
-HEALTH_INTERVAL_MS = 300  # HAProxy's health checks: a dead replica is out after 2 (~0.6 s)
-# health checks, and a refused connection marks a replica down at once (a killed one refuses
-# before its health checks fail); back after 2 passed checks
+# HAProxy's health checks: every 500 ms, each given 2 s (a replica busy with big steps on a
+# loaded machine answered in over 300 ms and was marked down, moving its runs for nothing),
+# down after 3 failures, up after 2 passes; a refused connection marks a replica down at once
+# (a killed one refuses long before its health checks fail)
 _CHECKS = (
-    f"inter {HEALTH_INTERVAL_MS}ms fastinter {HEALTH_INTERVAL_MS}ms fall 2 rise 2 "
-    "observe layer4 error-limit 1 on-error mark-down"
+    "inter 500ms fastinter 500ms fall 3 rise 2 observe layer4 error-limit 1 on-error mark-down"
 )
 
 
@@ -56,10 +56,10 @@ def haproxy_config(port: int, servers: Mapping[str, int]) -> str:
     * ``balance uri depth 3`` + ``hash-type consistent``: the hash of ``/v1/runs/<id>`` picks
       the replica, so a run's steps, resume, finish and reads all land on the one that holds
       it; a replica that goes down moves only its own runs.
-    * health checks every 300 ms (``/healthz``), out after 2 failures or at once on a refused
-      connection (``observe layer4``), back after 2 passes; ``retries`` + ``redispatch``: a
-      request whose connection is refused (a replica just killed) goes to another replica
-      instead of failing.
+    * health checks every 500 ms (``/healthz``, 2 s each), out after 3 failures or at once on
+      a refused connection (``observe layer4``), back after 2 passes; ``retries`` and
+      ``redispatch``: a request whose connection is refused (a replica just killed) goes to
+      another replica instead of failing.
     * a request in flight on a replica that dies gets 502; party A resends it (steps are
       idempotent), by then to the replica that took the run over.
     * timeouts: steps can wait up to 5 s for their predecessor and take long on big models.
@@ -77,6 +77,7 @@ defaults
     timeout client 300s
     timeout server 300s
     timeout http-request 60s
+    timeout check 2s
     retries 2
     option redispatch 1
 

@@ -83,7 +83,9 @@ def build_service(
     admission = Admission(labels, limits)
     ownership = Ownership(sessions, holder=replica_id, checkpoints_kept=checkpoints_kept)
     loader = RunLoader(sessions=sessions, labels=labels, admission=admission, ownership=ownership)
-    cache = RunCache(loader, metrics, bounds or LiveBounds(), park=ownership.park)
+    cache = RunCache(
+        loader, metrics, bounds or LiveBounds(), park=ownership.park, verify=ownership.current
+    )
     ctx = ServiceContext(
         sessions=sessions,
         labels=labels,

@@ -11,7 +11,9 @@ parks the least recently used others (``park``: checkpointed at their applied st
 lease released) and forgets them; their next request loads them again. A run being parked
 counts as being loaded, so a request for it waits and then reads the checkpoint it left. A
 copy whose lease was lost (parked, or claimed by another replica: ``state.lease is None``)
-is never handed out again.
+is never handed out again; on a database replicas share, a copy is handed out only after
+``verify`` found its lease still current (another replica may have taken the run over since
+this one last touched it: a copy behind would answer 409s and show a step the run has left).
 """
 
 import threading
@@ -28,6 +30,7 @@ FINISHED_KEPT = 4  # finished runs kept in memory for evaluate/predict
 
 Loader = Callable[[Caller, str], RunState]  # raises ProblemError (404 unless owned)
 Parker = Callable[[RunState], None]  # checkpoints an evicted run and releases its lease
+Verifier = Callable[[RunState], bool]  # whether a copy still holds its run (else marks it)
 
 
 class RunCache:
@@ -37,13 +40,16 @@ class RunCache:
         metrics: Metrics,
         bounds: LiveBounds | None = None,
         park: Parker | None = None,
+        verify: Verifier | None = None,
     ) -> None:
         """``bounds``: training runs kept in memory (default none); ``park``: how a run over
-        them leaves (default: runs never leave)."""
+        them leaves (default: runs never leave); ``verify``: checks a copy found in memory
+        before it is handed out (default: none)."""
         self._load = load
         self._metrics = metrics
         self._bounds = bounds or LiveBounds()
         self._park = park
+        self._verify = verify
         self._footprints = Footprints()
         self._live: OrderedDict[str, RunState] = OrderedDict()  # least recently used first
         self._finished: OrderedDict[str, RunState] = OrderedDict()
@@ -60,12 +66,17 @@ class RunCache:
         while True:
             with self._lock:
                 state = self._get(run_id)
-                if state is not None and state.owner_id == caller.token_id:
-                    if run_id in self._live:
-                        self._live.move_to_end(run_id)
+                hit = state is not None and state.owner_id == caller.token_id
+                if hit and run_id in self._live:
+                    self._live.move_to_end(run_id)
+                if not hit:
+                    # not in memory, or not the caller's: the store decides, the same way
+                    loading = self._loading.setdefault(run_id, threading.Lock())
+            if hit:
+                assert state is not None
+                if self._verify is None or self._verify(state):
                     return state
-                # not in memory, or not the caller's: the store decides, the same way for both
-                loading = self._loading.setdefault(run_id, threading.Lock())
+                continue  # another replica took the run over: load it afresh
             with loading:
                 with self._lock:
                     if self._loading.get(run_id) is not loading:

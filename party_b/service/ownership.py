@@ -49,11 +49,28 @@ class Ownership:
         self.holder = holder or default_holder()  # FEDLITE_B_REPLICA_ID, or default_holder()
         self._sessions = sessions
         self._checkpoints_kept = checkpoints_kept
+        with sessions() as session:  # (no connection is opened for this)
+            # one SQLite file has one party B: no other process can take its runs over
+            self._shared = session.get_bind().dialect.name != "sqlite"
 
     def claim(self, session: Session, run_id: str) -> int:
         """Take the run over, in the transaction that then reads its newest checkpoint;
         returns the token the copy about to be loaded holds it with."""
         return store.claim(session, run_id, self.holder)
+
+    def current(self, state: RunState) -> bool:
+        """Whether a copy found in memory still holds its run; marks it stale if not. On a
+        database replicas share this reads the lease (one indexed row); on SQLite only the
+        copy's own mark counts."""
+        if state.lease is None or not self._shared:
+            return state.lease is not None
+        with self._sessions() as session:
+            lease = store.lease_of(session, state.run_id)
+        if lease is not None and lease[1] == state.lease:
+            return True
+        log.info("run %s was taken over by another replica; loading it afresh", state.run_id)
+        state.lease = None
+        return False
 
     def fence(self, session: Session, state: RunState) -> None:
         """Refuse a commit from a copy that no longer holds the run (503 ``run-moved``); the

@@ -35,16 +35,20 @@ class Runs:
 
         Models load lazily on first use; this only reads checkpoint steps and drops step-log
         rows past them (steps applied after the last checkpoint died with the old process),
-        of the runs no replica holds: a run held by another replica sharing the database is
-        its holder's business, and the one that takes it over drops them (``RunLoader``).
+        of the runs no replica holds: on a database that replicas share, a run held by
+        another replica is its holder's business, and the one that takes it over drops them
+        (``RunLoader``).
         """
         resumed = []
         with self._ctx.sessions() as session:
+            # one SQLite file has one party B: a lease in it is a dead process's
+            shared = session.get_bind().dialect.name != "sqlite"
             for run in store.runs_in_status(session, RunStatus.TRAINING.value):
                 steps = store.checkpoint_steps(session, run.id)
                 last = steps[-1] if steps else 0
-                if store.is_free(session, run.id):
-                    store.forget_after(session, run.id, last)
+                if shared and not store.is_free(session, run.id):
+                    continue  # another replica's (or a dead one's: its taker drops them)
+                store.forget_after(session, run.id, last)
                 resumed.append((run.id, run.name, last))
                 log.warning(
                     "run %s (%s) resumes from checkpoint at step %d", run.id, run.name, last

@@ -4,15 +4,23 @@ does not hold takes it over, and the copy the previous holder kept applies nothi
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine
 
 from api_schemas import ProblemType
-from party_b import store
+from party_b import auth, store
 from party_b.errors import ProblemError
 from party_b.metrics import Metrics
-from party_b.service import Service, build_service
+from party_b.service import Caller, Service, build_service
 from party_b.service.ownership import once_more_if_moved
 from party_b.settings import Limits
-from tests.utils.small_runs import SmallPartyB, aligned_in_process, small_party_b
+from tests.utils.databases import fresh_database
+from tests.utils.small_runs import (
+    OTHER,
+    TOKEN,
+    SmallPartyB,
+    aligned_in_process,
+    small_party_b,
+)
 
 
 def _replica(party_b: SmallPartyB, name: str) -> Service:
@@ -82,3 +90,41 @@ def test_a_second_takeover_in_one_request_reaches_the_client_as_run_moved() -> N
     with pytest.raises(ProblemError) as refused:
         once_more_if_moved(always_moved)
     assert len(calls) == 2 and refused.value.status == 503
+
+
+def test_on_a_shared_database_a_copy_left_behind_is_never_read(tmp_path: Path) -> None:
+    """On PostgreSQL replica one still holds the run at step 3 when replica two has moved it
+    to step 6. What replica one answers next is the run as it is: GET shows step 6 (a stale
+    step 3 sent party A's rollback looking for a checkpoint it no longer had), and step 7
+    applies instead of a 409 from the copy."""
+    with fresh_database("postgresql", tmp_path) as url:
+        engine = store.make_engine(url)
+        try:
+            party_b = _on(engine, small_party_b(tmp_path))
+            one, two = _replica(party_b, "one"), _replica(party_b, "two")
+            caller = party_b.caller
+            run = aligned_in_process(one, caller)
+            for t in (1, 2, 3):
+                one.steps.step(caller, run.id, run.step_body(t))
+            two.runs.get(caller, run.id)  # takes it over at 2
+            for t in (3, 4, 5, 6):
+                two.steps.step(caller, run.id, run.step_body(t))
+
+            assert one.runs.get(caller, run.id).step == 6
+            one.steps.step(caller, run.id, run.step_body(7))
+            assert one.runs.get(caller, run.id).step == 7
+        finally:
+            engine.dispose()
+
+
+def _on(engine: Engine, party_b: SmallPartyB) -> SmallPartyB:
+    """The same party B's labels and tokens on another database."""
+    sessions = store.make_session_factory(engine)
+    callers = []
+    with sessions() as session:
+        for name, token in (("tester", TOKEN), ("other", OTHER)):
+            auth.register_token(session, name, token)
+            row = auth.authenticate(session, token)
+            assert row is not None
+            callers.append(Caller(token_id=row.id, name=row.name))
+    return SmallPartyB(sessions, party_b.labels, callers[0], callers[1])
