@@ -70,6 +70,7 @@ class Runs:
             side_features=int(top.get("side_features", 0)),
         )
         with self._create_lock, self._ctx.sessions() as session:
+            store.lock_owner(session, caller.token_id)  # the same across replicas
             if idempotency_key is not None:
                 earlier = self._created_with(session, caller, spec, idempotency_key)
                 if earlier is not None:

@@ -9,7 +9,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -31,6 +31,7 @@ __all__ = [
     "delete_run",
     "eval_results",
     "log_evaluation",
+    "lock_owner",
     "log_step",
     "owned_run",
     "psi_key",
@@ -42,6 +43,8 @@ __all__ = [
     "step_log",
 ]
 
+
+_OWNER_LOCKS = 0x46454442  # advisory lock key space of run creation per owner
 
 # --------------------------------------------------------------------------------- runs
 
@@ -75,6 +78,17 @@ def runs_of(session: Session, owner_id: int) -> Sequence[Run]:
 
 def runs_in_status(session: Session, status: str) -> Sequence[Run]:
     return session.scalars(select(Run).where(Run.status == status)).all()
+
+
+def lock_owner(session: Session, owner_id: int) -> None:
+    """On PostgreSQL, take a lock on ``owner_id`` until the transaction ends, so that the
+    quota check and insert of a run creation go one at a time across replicas sharing the
+    database (in one process a lock in memory does it; SQLite has one process)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(
+            text("SELECT pg_advisory_xact_lock(:space, :owner)"),
+            {"space": _OWNER_LOCKS, "owner": owner_id},
+        )
 
 
 def count_open_runs(session: Session, owner_id: int, finished: str) -> int:

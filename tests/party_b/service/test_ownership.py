@@ -1,12 +1,13 @@
 """Replicas on one database (``party_b.service.ownership``): a replica that gets a run it
 does not hold takes it over, and the copy the previous holder kept applies nothing more."""
 
+import threading
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 
-from api_schemas import ProblemType
+from api_schemas import ProblemType, RunCreate
 from party_b import auth, store
 from party_b.errors import ProblemError
 from party_b.metrics import Metrics
@@ -19,6 +20,7 @@ from tests.utils.small_runs import (
     TOKEN,
     SmallPartyB,
     aligned_in_process,
+    run_spec,
     small_party_b,
 )
 
@@ -128,3 +130,43 @@ def _on(engine: Engine, party_b: SmallPartyB) -> SmallPartyB:
             assert row is not None
             callers.append(Caller(token_id=row.id, name=row.name))
     return SmallPartyB(sessions, party_b.labels, callers[0], callers[1])
+
+
+def test_the_run_quota_holds_across_replicas(tmp_path: Path) -> None:
+    """Eight creations at once, alternating between two replicas on PostgreSQL, with a quota
+    of one open run: one run is created, seven get 429 (each replica's own lock alone let one
+    through per replica)."""
+    with fresh_database("postgresql", tmp_path) as url:
+        engine = store.make_engine(url)
+        try:
+            party_b = _on(engine, small_party_b(tmp_path))
+            replicas = [
+                build_service(
+                    sessions=party_b.sessions,
+                    labels=party_b.labels,
+                    limits=Limits(max_runs_per_token=1),
+                    metrics=Metrics(),
+                    replica_id=name,
+                )
+                for name in ("one", "two")
+            ]
+            spec = RunCreate.model_validate(run_spec())
+            start = threading.Barrier(8)
+            outcomes: list[int] = []
+
+            def create(i: int) -> None:
+                start.wait(30)
+                try:
+                    replicas[i % 2].runs.create(party_b.caller, spec)
+                    outcomes.append(201)
+                except ProblemError as exc:
+                    outcomes.append(exc.status)
+
+            threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            assert sorted(outcomes) == [201] + [429] * 7
+        finally:
+            engine.dispose()
