@@ -69,6 +69,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             "no active API tokens; issue one with 'fedlite-b token issue --name <caller>' "
             "or set FEDLITE_B_TOKENS"
         )
+    from party_b.service.warmup import warm_up
+
+    # before the first health check passes: a run taken over waits for none of it
+    logging.getLogger("fedlite.party_b").info("warmed up in %.1f s", warm_up())
     uvicorn.run(
         app,
         host=settings.host,

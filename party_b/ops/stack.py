@@ -23,9 +23,11 @@ Debian's ``postgresql`` package and HAProxy from ``haproxy``.
 import argparse
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -37,9 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from party_b.ops.launch import MALLOC_TUNING, free_port, wait_until_healthy
+from party_b.ops.launch import MALLOC_TUNING, wait_until_healthy
 
-__all__ = ["LocalStack", "Replica", "haproxy_config", "local_postgres", "main"]
+__all__ = ["LocalStack", "Replica", "haproxy_config", "listen_port", "local_postgres", "main"]
 
 # HAProxy's health checks: every 500 ms, each given 2 s (a replica busy with big steps on a
 # loaded machine answered in over 300 ms and was marked down, moving its runs for nothing),
@@ -93,6 +95,28 @@ backend replicas
     default-server {_CHECKS}
 {backends}
 """
+
+
+_taken: set[int] = set()  # ports this process handed out
+
+
+def listen_port() -> int:
+    """A free port on 127.0.0.1 below the kernel's ephemeral range (32768 up): a replica
+    binds its port only after its imports and warm-up, seconds later, and a port the kernel
+    hands out for outgoing connections was taken meanwhile by one of them (a replica failed
+    with "address already in use")."""
+    rng = random.SystemRandom()
+    while True:
+        port = rng.randrange(20000, 32000)
+        if port in _taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _taken.add(port)
+        return port
 
 
 def _as_postgres(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -240,8 +264,8 @@ class LocalStack:
     def _start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.database_url is None:
-            self.database_url = self._stack.enter_context(local_postgres(free_port()))
-        self.port = self.port or free_port()
+            self.database_url = self._stack.enter_context(local_postgres(listen_port()))
+        self.port = self.port or listen_port()
         for i in range(1, self.replicas + 1):
             self.members[f"b{i}"] = self._replica(f"b{i}")
         self._stack.callback(self._stop_replicas)
@@ -259,7 +283,7 @@ class LocalStack:
         assert self.database_url is not None
         command = [
             sys.executable, "-m", "party_b.ops.cli", "serve",
-            "--port", str(free_port()),
+            "--port", str(listen_port()),
             "--database-url", self.database_url,
             "--labels", str(self.labels),
             "--tokens", self.tokens,

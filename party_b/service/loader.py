@@ -2,6 +2,7 @@
 aligned ids mapped to label rows, its split and batch schedule."""
 
 import logging
+import time
 
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
@@ -46,13 +47,16 @@ class RunLoader:
         only in the copy of a replica that held the run before): they are dropped here, in
         the transaction that claims the run's lease and then reads the checkpoint.
         """
+        started = time.perf_counter()
         with self._sessions() as session:
             run = owned_row(session, caller, run_id)
             if run.status == RunStatus.CREATED.value or run.aligned_ids is None:
                 raise ProblemError.run_state("run is not aligned yet: POST its alignment first")
             spec = RunCreate.from_stored(run.config)
             trainer = self._admission.new_trainer(spec)
+            built = time.perf_counter()
             lease = self._ownership.claim(session, run_id)  # first: waits for its holder's commit
+            claimed = time.perf_counter()
             checkpoint = store.load_checkpoint(session, run_id)
             if checkpoint is None:
                 raise ProblemError.internal(f"run {run_id} has no checkpoint")
@@ -67,6 +71,12 @@ class RunLoader:
                 )
             state.commit(checkpoint.step, checkpoint.request_sha256, checkpoint.response)
             state.lease, state.behind = lease, lost > 0
+            log.info(
+                "run %s loaded at step %d (lease %d, %d logged steps past it dropped) in %.3f s: "
+                "model built %.3f s, lease claimed %.3f s",
+                run_id, checkpoint.step, lease, lost, time.perf_counter() - started,
+                built - started, claimed - built,
+            )  # fmt: skip
             return state
 
     def _state(self, run: store.Run, spec: RunCreate, trainer: TopTrainer) -> RunState:
