@@ -26,12 +26,15 @@ failover markers of docs/RELIABILITY.md (``--report`` re-renders it from the JSO
 
 import argparse
 import json
+import logging
 import os
 import random
+import shutil
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +198,7 @@ def kill_loop(
         if holder is None:
             continue
         reached, killed_at = watched.reached(), time.monotonic()
+        wall = datetime.now().isoformat(sep=" ", timespec="milliseconds")  # to match the logs
         stack.kill9(holder)
         # recovered: another replica claimed the run, and party A got a step answered after
         # that (an answer the killed replica had sent before it died does not count)
@@ -210,6 +214,7 @@ def kill_loop(
         done.append(
             {
                 "run": watched.seed,
+                "killed_at": wall,
                 "replica": holder,
                 "at_step": reached,
                 "claimed_s": claimed,
@@ -277,6 +282,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         replicas=args.replicas,
         database_url=args.database_url,
         restart_after=1.0,
+        extra_args=["--log-level", args.replica_log_level],
     ) as stack:
         assert stack.database_url is not None
         engine = store.make_engine(stack.database_url)
@@ -375,6 +381,10 @@ def main() -> None:
     parser.add_argument("--database-url", help="a running PostgreSQL (default: start one)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--report", action="store_true", help="re-render the doc's table only")
+    parser.add_argument(
+        "--keep-logs", type=Path, help="copy the replicas', HAProxy's and party A's logs here"
+    )
+    parser.add_argument("--replica-log-level", default="warning", help="e.g. info")
     args = parser.parse_args()
     if args.report:
         render(json.loads((args.out or RESULTS / "failover.json").read_text()))
@@ -384,7 +394,17 @@ def main() -> None:
     torch.set_num_threads(1)  # party A's threads share the machine with the stack
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="fedlite-failover-") as tmp:
+        if args.keep_logs:  # party A's own lines, with times to set against the replicas'
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            logging.basicConfig(
+                filename=args.keep_logs / "party_a.log",
+                format="%(asctime)s %(name)s %(message)s",
+                level=logging.INFO,
+            )
         result = measure(args, Path(tmp))
+        if args.keep_logs:
+            for log in (Path(tmp) / "stack").glob("*.log"):
+                shutil.copyfile(log, args.keep_logs / log.name)
     payload = {
         "versions": versions("torch", "sqlalchemy", "psycopg"),
         "loadavg_before": load_before,

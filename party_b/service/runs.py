@@ -16,7 +16,7 @@ from party_b.privacy import PrivacyPolicy
 from party_b.privacy.run import RunPrivacy
 from party_b.service.context import ServiceContext
 from party_b.service.ownership import once_more_if_moved
-from party_b.service.runstate import Caller, owned_row
+from party_b.service.runstate import Caller, RunState, owned_row
 from party_b.service.views import run_out
 from shared.training import state_sha256
 
@@ -93,7 +93,12 @@ class Runs:
     def list_runs(self, caller: Caller) -> list[RunOut]:
         with self._ctx.sessions() as session:
             runs = store.runs_of(session, caller.token_id)
-            return [run_out(session, run, self._ctx.cache.peek(run.id)) for run in runs]
+            return [run_out(session, run, self._current(run.id)) for run in runs]
+
+    def _current(self, run_id: str) -> RunState | None:
+        """The run's copy in memory, unless another replica has taken the run over since."""
+        state = self._ctx.cache.peek(run_id)
+        return state if state is not None and self._ctx.ownership.current(state) else None
 
     def get(self, caller: Caller, run_id: str) -> RunOut:
         """The run; for an aligned one also its top model's checksum at the reported step."""

@@ -96,9 +96,9 @@ def test_a_second_takeover_in_one_request_reaches_the_client_as_run_moved() -> N
 
 def test_on_a_shared_database_a_copy_left_behind_is_never_read(tmp_path: Path) -> None:
     """On PostgreSQL replica one still holds the run at step 3 when replica two has moved it
-    to step 6. What replica one answers next is the run as it is: GET shows step 6 (a stale
-    step 3 sent party A's rollback looking for a checkpoint it no longer had), and step 7
-    applies instead of a 409 from the copy."""
+    to step 6. What replica one answers next is the run as it is: its list and GET show
+    step 6 (a stale step 3 sent party A's rollback looking for a checkpoint it no longer
+    had), and step 7 applies instead of a 409 from the copy."""
     with fresh_database("postgresql", tmp_path) as url:
         engine = store.make_engine(url)
         try:
@@ -112,6 +112,7 @@ def test_on_a_shared_database_a_copy_left_behind_is_never_read(tmp_path: Path) -
             for t in (3, 4, 5, 6):
                 two.steps.step(caller, run.id, run.step_body(t))
 
+            assert [r.step for r in one.runs.list_runs(caller)] == [6]  # not its copy's 3
             assert one.runs.get(caller, run.id).step == 6
             one.steps.step(caller, run.id, run.step_body(7))
             assert one.runs.get(caller, run.id).step == 7
