@@ -79,10 +79,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
         timeout_graceful_shutdown=10,
     )
-    from party_b.drain import DrainingServer  # SIGTERM: drain, stop, checkpoint every run
+    from party_b.drain import DrainingServer, checkpoint_live_runs
 
-    server = DrainingServer(
-        server_config, lifecycle=app.state.lifecycle, drain_seconds=settings.drain_seconds
+    server = DrainingServer(  # SIGTERM: drain, checkpoint every live run, stop
+        server_config,
+        lifecycle=app.state.lifecycle,
+        checkpoint=lambda: checkpoint_live_runs(app.state.service),
+        drain_seconds=settings.drain_seconds,
     )
     try:
         server.run()

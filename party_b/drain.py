@@ -5,14 +5,18 @@ On SIGTERM (Kubernetes ending a pod, ``docker stop``, systemd), in order:
 1. **Drain** (:class:`DrainingServer`): party B keeps its port open but refuses every new API
    request with 503 ``unavailable`` and ``Retry-After`` (``party_b.api.lifecycle``), and
    ``GET /readyz`` says 503, so load balancers stop sending it work. It waits until the
-   requests in flight have their answers, and at least ``drain_seconds`` (time for a load
-   balancer's health checks to notice), at most ``DRAIN_WAIT_LIMIT`` seconds.
-2. **Stop** (uvicorn's own graceful shutdown): the port closes, open connections finish.
-3. **Checkpoint** (the app's lifespan, :func:`checkpoint_live_runs`): every training run in
-   memory is checkpointed at its last applied step, with that step's request hash and
-   answer, so the restarted process or another replica resumes exactly where this one
-   stopped: party A's next step is simply the next one (no rollback; a resent last step gets
-   its stored answer, as after any restart). Then the SQLite WAL is folded in.
+   requests in flight have their answers (at most ``DRAIN_WAIT_LIMIT`` seconds).
+2. **Checkpoint** (:func:`checkpoint_live_runs`), as soon as nothing is in flight: every
+   training run in memory is checkpointed at its last applied step, with that step's request
+   hash and answer, so the restarted process or another replica resumes exactly where this
+   one stopped: party A's next step is simply the next one (no rollback; a resent last step
+   gets its stored answer, as after any restart). This happens before a load balancer can
+   have moved a run elsewhere, since party B stays unready for at least ``drain_seconds``
+   (set it above the balancer's time to mark a server down).
+3. **Stop** (uvicorn's own graceful shutdown) once ``drain_seconds`` have passed: the port
+   closes, open connections finish, and the app's lifespan checkpoints again (nothing is
+   left to write after a drain; after a plain stop it writes what step 2 would have) and
+   folds the SQLite WAL in.
 
 A second SIGTERM, or SIGINT (Ctrl+C), skips what is left of the drain and stops at once; the
 lifespan still checkpoints. A SIGKILL skips everything, and recovery falls back to the newest
@@ -22,9 +26,11 @@ periodic checkpoint and party A's rollback (docs/RELIABILITY.md), as it always d
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
 
+import anyio
 import uvicorn
 from sqlalchemy import delete
 
@@ -54,11 +60,13 @@ class DrainingServer(uvicorn.Server):
         config: uvicorn.Config,
         *,
         lifecycle: "Lifecycle",
+        checkpoint: Callable[[], object],
         drain_seconds: float = 0.0,
         wait_limit: float = DRAIN_WAIT_LIMIT,
     ) -> None:
         super().__init__(config)
         self.lifecycle = lifecycle
+        self.checkpoint = checkpoint  # step 2, in a worker thread
         self.drain_seconds = drain_seconds
         self.wait_limit = max(wait_limit, drain_seconds)
         self._drain_asked = False  # set by the signal handler, acted on by the next tick
@@ -88,20 +96,18 @@ class DrainingServer(uvicorn.Server):
         )
         loop = asyncio.get_running_loop()
         started = loop.time()
-        while True:
-            waited = loop.time() - started
-            if waited >= self.wait_limit:
-                log.error(
-                    "drain: %d requests still in flight after %.0f s; stopping anyway (each "
-                    "is retried by its client)",
-                    lifecycle.requests_in_flight,
-                    waited,
-                )
-                return
-            if lifecycle.requests_in_flight == 0 and waited >= self.drain_seconds:
-                log.warning("drained in %.1f s; stopping", waited)
-                return
+        while lifecycle.requests_in_flight and loop.time() - started < self.wait_limit:
             await asyncio.sleep(0.05)
+        if lifecycle.requests_in_flight:
+            log.error(
+                "drain: %d requests still in flight after %.0f s; checkpointing and stopping "
+                "anyway (a run's checkpoint waits for its step; each request is retried)",
+                lifecycle.requests_in_flight,
+                loop.time() - started,
+            )
+        await anyio.to_thread.run_sync(self.checkpoint)
+        await asyncio.sleep(max(0.0, self.drain_seconds - (loop.time() - started)))
+        log.warning("drained in %.1f s; stopping", loop.time() - started)
 
 
 def checkpoint_live_runs(service: "RunService") -> list[tuple[str, int]]:
