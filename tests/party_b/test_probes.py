@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from sqlalchemy import make_url
 
 from party_b.api import create_app
@@ -25,6 +26,7 @@ from party_b.settings import Settings
 from tests.utils.databases import fresh_database
 from tests.utils.live import live_server
 from tests.utils.relay import TcpRelay
+from tests.utils.servers import free_port
 from tests.utils.small_runs import MSGPACK, TOKEN, aligned_run, labels_csv, problem
 
 
@@ -74,6 +76,29 @@ def test_a_serving_party_b_is_ready_and_live(tmp_path: Path) -> None:
     assert ready.status_code == 200 and ready.json() == {"status": "ready"}
     assert live.status_code == 200 and live.json() == {"status": "ok"}
     assert gauge == 0
+
+
+def test_a_party_b_whose_start_up_never_ran_is_live_but_not_ready(tmp_path: Path) -> None:
+    """Served without its lifespan (uvicorn's --lifespan off), nothing marks party B started:
+    /readyz keeps saying so, while /healthz answers."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(_settings(tmp_path)), port=port, lifespan="off", log_level="warning"
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    _eventually(lambda: server.started, "uvicorn")
+    try:
+        ready = httpx.get(f"http://127.0.0.1:{port}/readyz")
+        live = httpx.get(f"http://127.0.0.1:{port}/healthz")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+    assert problem(ready, 503, "unavailable")["detail"] == "party B is starting"
+    assert live.status_code == 200
 
 
 def test_readiness_follows_the_database_and_liveness_does_not(
