@@ -39,6 +39,7 @@ class ProblemType(StrEnum):
     UNKNOWN_IDS = _PREFIX + "unknown-ids"  # prediction ids party B does not hold
     IDEMPOTENCY_KEY_REUSED = _PREFIX + "idempotency-key-reused"  # same key, other body
     INTERNAL = _PREFIX + "internal"  # a bug or damaged state on party B's side, never input
+    UNAVAILABLE = _PREFIX + "unavailable"  # draining, starting or without its database: retry
 
 
 class ProblemKind(NamedTuple):
@@ -67,6 +68,7 @@ PROBLEMS: dict[ProblemType, ProblemKind] = {
     ProblemType.UNKNOWN_IDS: ProblemKind(422, "Unknown ids"),
     ProblemType.IDEMPOTENCY_KEY_REUSED: ProblemKind(422, "Idempotency key reused"),
     ProblemType.INTERNAL: ProblemKind(500, "Internal error"),
+    ProblemType.UNAVAILABLE: ProblemKind(503, "Service unavailable"),
 }
 
 

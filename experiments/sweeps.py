@@ -11,13 +11,26 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
-from experiments.baselines import FedAvgConfig, PartyBOnlyConfig
-from experiments.runner import RunConfig
+from experiments.baselines import FedAvgConfig, PartyBOnlyConfig, run_fedavg, run_party_b_only
+from experiments.runner import RunConfig, run_split
 
 __all__ = ["Job", "SWEEPS", "Sweep"]
 
 Job = RunConfig | FedAvgConfig | PartyBOnlyConfig
+
+
+def run_job(job: Job, artifacts: Path | None = None) -> dict[str, Any]:
+    """Run one job of any kind; its record (``artifacts``: where a run may save files)."""
+    if isinstance(job, RunConfig):
+        return run_split(job, artifacts=artifacts)
+    if isinstance(job, FedAvgConfig):
+        return run_fedavg(job)
+    if isinstance(job, PartyBOnlyConfig):
+        return run_party_b_only(job)
+    raise TypeError(f"unknown job {job!r}")
 
 
 @dataclass(frozen=True)

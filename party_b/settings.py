@@ -95,6 +95,14 @@ class Settings(BaseSettings):
         description="longest wait of a training step that overtook its predecessor before it "
         "is refused (default 5; 0 refuses it at once, party_b/service/turns.py says why)",
     )
+    drain_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=600,
+        description="after SIGTERM, answer new API requests 503 and /readyz 503 for at least "
+        "this long before the port closes, so that load balancers stop sending work here "
+        "first (party_b/drain.py; requests in flight always finish)",
+    )
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -17,11 +17,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from party_b import auth
 from party_b.api.docs_ui import install_docs
+from party_b.api.lifecycle import InFlightMiddleware, Lifecycle
 from party_b.api.middleware import BodyLimitMiddleware, MetricsMiddleware
 from party_b.api.openapi import install_openapi
 from party_b.api.problems import install_problem_handlers
+from party_b.api.readiness import DatabaseProbe
 from party_b.api.routes import ROUTERS
 from party_b.dashboard import RunCollector, install_dashboard
+from party_b.drain import checkpoint_live_runs
 from party_b.labels import LabelSource, load_label_table
 from party_b.metrics import Metrics
 from party_b.service import build_service
@@ -50,10 +53,15 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     )
     log.info("label privacy of new runs: %s", service.context.privacy.describe())
     service.runs.recover()  # logs, per training run, the step it resumes from
+    lifecycle = Lifecycle(metrics.registry)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        lifecycle.serving()  # /readyz may say ready from now on
         yield
+        lifecycle.drain()  # already, after fedlite-b serve's SIGTERM drain (party_b.drain)
+        # every live run resumes where it stopped, here or on another replica
+        await anyio.to_thread.run_sync(checkpoint_live_runs, service)
         checkpoint_wal(engine)  # on SIGTERM: the .sqlite file alone then holds every row
         engine.dispose()
 
@@ -68,6 +76,8 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     app.state.service = service
     app.state.sessions = sessions
     app.state.metrics = metrics
+    app.state.lifecycle = lifecycle
+    app.state.database_probe = DatabaseProbe(engine)
     app.state.limiter = anyio.CapacityLimiter(settings.worker_threads)
     for router in ROUTERS:
         app.include_router(router)
@@ -77,6 +87,8 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     install_openapi(app)
     install_docs(app)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.limits.max_body_bytes)
+    # outside the body limit: a draining party B refuses a request before reading its body
+    app.add_middleware(InFlightMiddleware, lifecycle=lifecycle)
     # Outermost, so that it also counts what BodyLimitMiddleware refuses (route "unmatched").
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

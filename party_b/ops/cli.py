@@ -69,7 +69,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             "no active API tokens; issue one with 'fedlite-b token issue --name <caller>' "
             "or set FEDLITE_B_TOKENS"
         )
-    uvicorn.run(
+    server_config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -80,6 +80,20 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
         timeout_graceful_shutdown=10,
     )
+    from party_b.drain import DrainingServer, checkpoint_live_runs
+
+    server = DrainingServer(  # SIGTERM: drain, checkpoint every live run, stop
+        server_config,
+        lifecycle=app.state.lifecycle,
+        checkpoint=lambda: checkpoint_live_runs(app.state.service),
+        drain_seconds=settings.drain_seconds,
+    )
+    try:
+        server.run()
+    except KeyboardInterrupt:  # Ctrl+C, re-raised by uvicorn once it has stopped cleanly
+        pass
+    if not server.started:  # e.g. the port is taken: uvicorn logged why (as uvicorn.run does)
+        sys.exit(3)
     return 0
 
 

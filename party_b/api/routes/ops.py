@@ -1,4 +1,9 @@
-"""Operations: liveness and Prometheus metrics (no token needed)."""
+"""Operations: liveness, readiness and Prometheus metrics (no token needed).
+
+``/healthz`` (liveness, and the start-up probe: the port opens only once party B has loaded
+its label table and recovered its runs) depends on nothing but this process answering.
+``/readyz`` also asks whether party B should get work now (``party_b.api.readiness``).
+"""
 
 from typing import Any
 
@@ -6,14 +11,38 @@ import anyio
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from party_b.api.contract import ContractRoute
+from api_schemas import ProblemType
+from party_b.api.contract import ContractRoute, contract
+from party_b.api.lifecycle import RETRY_AFTER_SECONDS, Phase
+from party_b.api.problems import problem_response
 
 router = APIRouter(route_class=ContractRoute, tags=["ops"])
+
+_NOT_READY = {
+    Phase.STARTING: "party B is starting",
+    Phase.DRAINING: "party B is shutting down",
+}
 
 
 @router.get("/healthz")
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
+
+
+@router.get(
+    "/readyz", response_model=dict[str, str], **contract(problems=(ProblemType.UNAVAILABLE,))
+)
+async def readyz(request: Request) -> Any:
+    """200 when party B takes work: started, not draining, its database answering."""
+    phase: Phase = request.app.state.lifecycle.phase
+    reason = _NOT_READY.get(phase)
+    if reason is None:
+        reason = await request.app.state.database_probe()
+    if reason is None:
+        return {"status": "ready"}
+    response = problem_response(ProblemType.UNAVAILABLE, reason)
+    response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response
 
 
 _PROMETHEUS_TEXT: dict[int | str, dict[str, Any]] = {

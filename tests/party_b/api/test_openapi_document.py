@@ -19,7 +19,7 @@ from party_b.settings import Settings
 from tests.utils.live import live_server
 from tests.utils.small_runs import MSGPACK, TOKEN, aligned_run, labels_csv, run_spec
 
-UNAUTHENTICATED = {"/healthz", "/metrics"}
+UNAUTHENTICATED = {"/healthz", "/readyz", "/metrics"}
 MSGPACK_OPERATIONS = {
     ("post", "/v1/psi"): ("PsiRequest", "PsiReply"),
     ("post", "/v1/runs/{run_id}/steps"): ("StepRequest", "StepResponse"),
