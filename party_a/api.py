@@ -42,6 +42,7 @@ def connect(
     id_column: str = "id",
     ca_bundle: str | Path | None = None,
     retry_for: float = 300.0,
+    device: str | None = None,
 ) -> Iterator[PartyATrainer]:
     """A prepared party A session on party B at ``server``; closed at the end of the block.
 
@@ -54,6 +55,9 @@ def connect(
         state_dir: party A's state directory (default: FEDLITE_A_STATE_DIR or
             ./fedlite-a-state, as for the CLI).
         retry_for: seconds to keep retrying party B when it is unreachable or restarting.
+        device: where party A computes ("cpu", "cuda", "cuda:N" or "auto"), over the config's
+            ``[run] device``; "cuda" on a machine without one raises
+            ``shared.devices.DeviceUnavailable`` (a ValueError) naming the fix.
     """
     if isinstance(config, PartyAConfig):
         if overrides:
@@ -61,6 +65,9 @@ def connect(
         run_config = config
     else:
         run_config = load_config(Path(config) if config else None, dict(overrides or {}))
+    if device is not None:  # a local choice, also for a trained run (no part of its config)
+        run = run_config.run.model_copy(update={"device": device})
+        run_config = run_config.model_copy(update={"run": run})
     store = open_state(Path(state_dir) if state_dir else state_dir_default(), create=True)
     transport: HttpTransport | None = None
     try:

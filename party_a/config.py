@@ -16,6 +16,8 @@ Example (every table but [run] is optional)::
                                  # d = 9181, topk:k=ceil(d/36) above)
     schedule = { kind = "shuffle" }  # or { kind = "clients", clients_per_step = 10 }
     pipeline_depth = 1           # steps in flight (docs/PROTOCOL.md, "Pipelining")
+    device = "cpu"               # where party A computes: "cpu", "cuda", "cuda:N" or "auto"
+                                 # (a local choice: not part of the run, --device overrides it)
 
     [model.bottom]               # party A's bottom model (in_features defaults to the data)
     hidden = [64]
@@ -90,6 +92,10 @@ class RunSection(_Strict):
     downlink: str | None = None
     # steps in flight at once (party_a.pipeline): 1 = send a step, wait, apply, as before
     pipeline_depth: int = Field(default=1, ge=1, le=16)
+    # where this party A computes (shared.devices): a local execution choice, left out of the
+    # run's fingerprint, so a run trained on one device is resumed, evaluated or served on
+    # another
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda|cuda:[0-9]+|auto)$")
 
 
 class ModelSection(_Strict):

@@ -157,6 +157,16 @@ def _config(
     return PartyAConfig.model_validate(local.config)
 
 
+def _with_device(config: "PartyAConfig", args: argparse.Namespace) -> "PartyAConfig":
+    """``config`` with ``--device`` applied (checked when the trainer resolves it, in one
+    line). The device is no part of a run (its stored config leaves it out), so unlike the
+    other flags it also applies to a trained run."""
+    device = getattr(args, "device", None)
+    if device is None:
+        return config
+    return config.model_copy(update={"run": config.run.model_copy(update={"device": device})})
+
+
 @contextmanager
 def open_session(
     args: argparse.Namespace, *, create: bool, serving: bool = False
@@ -173,7 +183,7 @@ def open_session(
     store = open_state(args.state_dir, create=create)
     transport = None
     try:
-        config = _config(args, store, server, create=create)
+        config = _with_device(_config(args, store, server, create=create), args)
         key = server.strip().rstrip("/")
         local = store.find_run(key, config.run.name)
         if not create and local is None:

@@ -163,7 +163,7 @@ class GroupedProductQuantizer:
         expected = (cfg.R, cfg.L, self.sub_dim)
         if tuple(codebook.shape) != expected:
             raise ValueError(f"codebook shape {tuple(codebook.shape)} != {expected}")
-        centroids = codebook.to(torch.float32)
+        centroids = codebook.to(z.device, torch.float32)
         parts = []
         for block in torch.split(z.detach().to(torch.float32), _ASSIGN_ROWS):
             points = self.group_points(block)  # (r, b*q/r, s)
@@ -177,17 +177,23 @@ class GroupedProductQuantizer:
         return PQCode(codebook=centroids, codewords=torch.cat(parts))
 
     def decode(self, code: PQCode) -> Tensor:
-        """Rebuild Z~ (B, d) float32 from a codebook (R, L, s) and codewords (B, q)."""
+        """Rebuild Z~ (B, d) float32 from a codebook (R, L, s) and codewords (B, q), on the
+        codebook's device."""
         cfg = self.config
         expected = (cfg.R, cfg.L, self.sub_dim)
         if tuple(code.codebook.shape) != expected:
             raise ValueError(f"codebook shape {tuple(code.codebook.shape)} != {expected}")
         if code.codewords.ndim != 2 or code.codewords.shape[1] != cfg.q:
             raise ValueError(f"codewords must be (B, {cfg.q}), got {tuple(code.codewords.shape)}")
-        flat_codebook = code.codebook.reshape(cfg.R * cfg.L, self.sub_dim).numpy()
-        rows = (code.codewords.to(torch.int64) + self._codebook_offset).numpy()  # (b, q)
+        flat = code.codebook.reshape(cfg.R * cfg.L, self.sub_dim)
+        if flat.device.type != "cpu":  # a gather where the codes are (a GPU): same values
+            offset = self._codebook_offset.to(flat.device)
+            rows = code.codewords.to(flat.device, torch.int64) + offset
+            return flat[rows].reshape(-1, self.d)
+        flat_codebook = flat.numpy()
+        rows_np = (code.codewords.to(torch.int64) + self._codebook_offset).numpy()  # (b, q)
         # numpy's take: a fraction of torch's embedding's per-call cost at these sizes
-        return torch.from_numpy(flat_codebook.take(rows, axis=0).reshape(-1, self.d))
+        return torch.from_numpy(flat_codebook.take(rows_np, axis=0).reshape(-1, self.d))
 
     def quantize(self, z: Tensor, *, seed: int) -> tuple[PQCode, Tensor]:
         """Encode z and decode it again: returns the code and Z~ (B, d)."""
