@@ -33,11 +33,17 @@ from experiments.sweeps import SWEEPS, Job
 __all__ = ["main", "run_job", "run_sweep"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# A run in progress (or cut short) keeps its record so far as <key>.partial.json: not a record
+# (load_records skips it), the curve of a run that did not finish
+PARTIAL = ".partial.json"
 
 
-def run_job(job: Job, artifacts: Path | None = None) -> dict[str, Any]:
+def run_job(
+    job: Job, artifacts: Path | None = None, progress: Path | None = None
+) -> dict[str, Any]:
+    """Run one job; a split run writes its record so far to ``progress`` at each evaluation."""
     if isinstance(job, RunConfig):
-        return run_split(job, artifacts=artifacts)
+        return run_split(job, artifacts=artifacts, progress=progress)
     if isinstance(job, FedAvgConfig):
         return run_fedavg(job)
     if isinstance(job, PartyBOnlyConfig):
@@ -96,14 +102,16 @@ def _run_and_save(args: tuple[Job, str]) -> tuple[str, float, str | None]:
     if path.exists() or not _claim(lock):
         return job.key, 0.0, "skipped"
     started = time.perf_counter()
+    partial = path.with_suffix(PARTIAL)
     try:
         try:
-            record = run_job(job, Path(directory))
+            record = run_job(job, Path(directory), progress=partial)
         except Exception:
             return job.key, time.perf_counter() - started, traceback.format_exc()
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(record, indent=1, default=float))
         tmp.replace(path)  # atomic: a killed sweep never leaves a half-written record
+        partial.unlink(missing_ok=True)
     finally:
         lock.unlink(missing_ok=True)
     return job.key, time.perf_counter() - started, None
@@ -190,8 +198,11 @@ def _report(key: str, seconds: float, error: str | None) -> list[str]:
     return [key]
 
 
-def load_records(directory: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
+def load_records(directory: Path, *, partial: bool = False) -> list[dict[str, Any]]:
+    """The records of a sweep directory; with ``partial``, those of the runs that did not
+    finish (``<key>.partial.json``) instead."""
+    paths = sorted(directory.glob("*.json"))
+    return [json.loads(p.read_text()) for p in paths if p.name.endswith(PARTIAL) == partial]
 
 
 def write_summary(directory: Path) -> Path:

@@ -241,14 +241,14 @@ class BottomTrainer:
             ]
             return tuple(chunk_list), detached
         quantizer = self._quantizer(int(z.shape[1]))
-        codes, rebuilt = [], []
-        for index, part in enumerate(torch.split(detached, sizes)):
-            code = quantizer.encode(part, seed=step_seed(self.seed, step, f"{purpose}-{index}"))
-            if self.codebook_dtype == "float16":
-                # party B rebuilds z~ from the float16 codebook: use the same one here
-                code = type(code)(code.codebook.half().float(), code.codewords)
-            codes.append(code)
-            rebuilt.append(quantizer.decode(code))
+        codes = quantizer.encode_many(
+            torch.split(detached, sizes),
+            seeds=[step_seed(self.seed, step, f"{purpose}-{i}") for i in range(len(sizes))],
+        )
+        if self.codebook_dtype == "float16":
+            # party B rebuilds z~ from the float16 codebook: use the same one here
+            codes = [type(c)(c.codebook.half().float(), c.codewords) for c in codes]
+        rebuilt = [quantizer.decode(code) for code in codes]
         # off a GPU in one wait for every chunk (shared.devices.to_host); as they are on a CPU
         host = to_host([t for code in codes for t in (code.codebook, code.codewords)])
         chunks: list[codec.Activations] = [

@@ -37,6 +37,8 @@ count reported is the one the CPU path reports.
 Shapes: points (G, N, s) float32 on one device; centroids (G, L, s); labels (G, N) int64.
 """
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -51,7 +53,7 @@ from shared.pq._sampling import (
     subsample_indices,
 )
 
-__all__ = ["assign", "batched_kmeans"]
+__all__ = ["assign", "batched_kmeans", "draw"]
 
 # Score-matrix entries (points x centroids) per block of the assignment: bounds its float64
 # scores to 128 MiB whatever N (a frozen codebook is fitted on ~4.7 M FEMNIST points).
@@ -61,44 +63,120 @@ _SCORES_PER_BLOCK = 1 << 24
 _FIXED_POINT = float(1 << 40)
 
 
-def batched_kmeans(
-    points: Tensor,
+@dataclass(frozen=True)
+class Draws:
+    """Every random draw of one k-means call, as the CPU path makes them, as host arrays.
+
+    G groups; indices are into the group's points (``train``), into the training points
+    (``seeding``, ``init``, ``coarse``) or into the k-means++ sample (``first``).
+
+    train:    (G, keep) the training subsample, or None (all N points)
+    seeding:  (G, m) the points k-means++ seeds on, or None (all training points)
+    first:    (G,) k-means++'s first centroid, or None (no k-means++)
+    uniforms: (G, L, T) k-means++'s candidate draws, or None
+    init:     (G, L) the random init's points, or None (k-means++, or given centroids)
+    coarse:   (G, k) the coarse iterations' points, or None (plain Lloyd)
+    """
+
+    train: np.ndarray | None
+    seeding: np.ndarray | None
+    first: np.ndarray | None
+    uniforms: np.ndarray | None
+    init: np.ndarray | None
+    coarse: np.ndarray | None
+
+    @staticmethod
+    def stack(draws: "list[Draws]") -> "Draws":
+        """One call's draws for the groups of several calls of the same shapes, in order."""
+
+        def cat(arrays: list[np.ndarray | None]) -> np.ndarray | None:
+            present = [a for a in arrays if a is not None]
+            return np.concatenate(present) if present else None
+
+        names = ("train", "seeding", "first", "uniforms", "init", "coarse")
+        return Draws(*(cat([getattr(d, name) for d in draws]) for name in names))
+
+
+def draw(
+    groups: int,
+    n: int,
     num_centroids: int,
     *,
     iterations: int,
     seed: int,
     init: str,
     max_points_per_centroid: int | None,
-    initial_centroids: Tensor | None,
+    initial_centroids: bool,
     coarse_fraction: float | None,
-) -> tuple[Tensor, Tensor, int]:
-    """(centroids (G, L, s) float32, labels (G, N) int64, updates run), on points' device.
-
-    The arguments are ``kmeans.batched_kmeans``'s, checked there.
-    """
-    g, n, _ = points.shape
-    data = points.detach().to(torch.float32).contiguous()
+) -> Draws:
+    """The draws of ``kmeans.batched_kmeans`` on (groups, n, s) points, from numpy's generator
+    seeded with ``seed``, in the CPU path's order: the training subsample, k-means++ (its
+    subsample, first centroids, candidate uniforms) or the random init, the coarse subsample.
+    Only the sizes matter, never the points, so they are all drawn before any work."""
     rng = np.random.default_rng(seed)
-    train = data
+    train = None
+    n_train = n
     if max_points_per_centroid is not None:
         keep = max(MIN_TRAIN_POINTS, num_centroids * max_points_per_centroid)
         if n > SUBSAMPLE_FACTOR * keep:
-            train = _subsample(data, keep, rng)
+            train, n_train = _subsample_index(groups, n, keep, rng), keep
+    seeding = first = uniforms = chosen = None
+    if initial_centroids:
+        pass
+    elif init == "kmeans++":
+        keep = max(KMEANSPP_MIN_POINTS, KMEANSPP_POINTS_PER_CENTROID * num_centroids)
+        n_seeding = n_train
+        if n_train > keep:
+            seeding, n_seeding = _subsample_index(groups, n_train, keep, rng), keep
+        trials = 2 + int(np.log(num_centroids))  # scikit-learn's choice
+        first = np.asarray(rng.integers(n_seeding, size=groups))
+        uniforms = rng.random((groups, num_centroids, trials))
+    elif n_train >= num_centroids:  # random init: L distinct points
+        chosen = _subsample_index(groups, n_train, num_centroids, rng)
+    else:  # ...or with replacement when there are fewer points than L
+        chosen = rng.integers(n_train, size=(groups, num_centroids))
+    coarse = None
+    if coarse_fraction is not None and iterations > REFINE_ITERATIONS:
+        keep = int(n_train * coarse_fraction)
+        if keep >= max(COARSE_MIN_POINTS, KMEANSPP_POINTS_PER_CENTROID * num_centroids):
+            coarse = _subsample_index(groups, n_train, keep, rng)
+    return Draws(train, seeding, first, uniforms, chosen, coarse)
+
+
+def _subsample_index(groups: int, n: int, keep: int, rng: np.random.Generator) -> np.ndarray:
+    """The CPU path's seeded subset of ``keep`` of n points per group (ascending indices)."""
+    return subsample_indices(n, rng.random((groups, keep)))
+
+
+def batched_kmeans(
+    points: Tensor,
+    num_centroids: int,
+    *,
+    iterations: int,
+    draws: Draws,
+    initial_centroids: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(centroids (G, L, s) float32, labels (G, N) int64, updates each group ran (G,) int64),
+    on the points' device; ``draws`` from :func:`draw` (or several stacked)."""
+    data = points.detach().to(torch.float32).contiguous()
+    train = data if draws.train is None else _take(data, draws.train)
     if initial_centroids is not None:
         centroids = initial_centroids.detach().to(data.device, torch.float32).clone()
-    elif init == "kmeans++":
-        centroids = _kmeanspp_init(train, num_centroids, rng)
+    elif draws.init is not None:
+        centroids = _take(train, draws.init)
     else:
-        centroids = _random_init(train, num_centroids, rng)
-    coarse = _coarse_points(train, num_centroids, iterations, coarse_fraction, rng)
-    ran = torch.zeros(g, dtype=torch.int64, device=data.device)
-    if coarse is not None:
+        seeding = train if draws.seeding is None else _take(train, draws.seeding)
+        assert draws.first is not None and draws.uniforms is not None
+        centroids = _kmeanspp(seeding, draws.first, draws.uniforms)
+    ran = torch.zeros(data.shape[0], dtype=torch.int64, device=data.device)
+    if draws.coarse is not None:
+        coarse = _take(train, draws.coarse)
         centroids, _, ran = _lloyd(coarse, centroids, iterations - REFINE_ITERATIONS)
         iterations = REFINE_ITERATIONS
     centroids, labels, refined = _lloyd(train, centroids, iterations)
     if train is not data:
         labels = assign(data, centroids)
-    return centroids, labels, int((ran.max() + refined.max()).item())
+    return centroids, labels, ran + refined
 
 
 def assign(points: Tensor, centroids: Tensor) -> Tensor:
@@ -118,42 +196,31 @@ def assign(points: Tensor, centroids: Tensor) -> Tensor:
     return labels[0] if len(labels) == 1 else torch.cat(labels, 1)
 
 
-# ---------------------------------------------------------------------------------------------
-# Seeded samples and init, drawn as the CPU path draws them
-# ---------------------------------------------------------------------------------------------
+def _take(points: Tensor, index: np.ndarray) -> Tensor:
+    """points (G, N, s) at index (G, k) per group -> (G, k, s)."""
+    at = torch.from_numpy(index).to(points.device)
+    return torch.gather(points, 1, at.unsqueeze(-1).expand(-1, -1, points.shape[2]))
 
 
-def _subsample(points: Tensor, keep: int, rng: np.random.Generator) -> Tensor:
-    """The CPU path's seeded subset of ``keep`` points per group, in their original order:
-    (G, N, s) -> (G, keep, s)."""
-    g, n, s = points.shape
-    index = torch.from_numpy(subsample_indices(n, rng.random((g, keep)))).to(points.device)
-    return torch.gather(points, 1, index.unsqueeze(-1).expand(-1, -1, s))
-
-
-def _kmeanspp_init(points: Tensor, num_centroids: int, rng: np.random.Generator) -> Tensor:
+def _kmeanspp(points: Tensor, first: np.ndarray, uniforms: np.ndarray) -> Tensor:
     """Greedy k-means++ (as ``_seeding.kmeanspp_groups``), all groups at once: (G, N, s) ->
-    (G, L, s). Each further centroid: T = 2 + ln L candidates drawn with probability
+    (G, L, s). Each further centroid: T candidates (uniforms (G, L, T)) drawn with probability
     proportional to the squared distance to the nearest centroid so far; the one that lowers
     the potential sum(closest) most is kept (the first on a tie). Once every point sits on a
     centroid (a total of 0), the remaining centroids repeat the last one."""
-    keep = max(KMEANSPP_MIN_POINTS, KMEANSPP_POINTS_PER_CENTROID * num_centroids)
-    if points.shape[1] > keep:
-        points = _subsample(points, keep, rng)
     g, n, _ = points.shape
-    trials = 2 + int(np.log(num_centroids))  # scikit-learn's choice
-    first = np.asarray(rng.integers(n, size=g))
-    uniforms = torch.from_numpy(rng.random((g, num_centroids, trials))).to(points.device)
-    groups = torch.arange(g, device=points.device)
+    device = points.device
+    draws = torch.from_numpy(uniforms).to(device)
+    groups = torch.arange(g, device=device)
     wide = points.to(torch.float64)
-    chosen = torch.from_numpy(first).to(points.device)  # (g,)
+    chosen = torch.from_numpy(first).to(device)  # (g,)
     out = [points[groups, chosen]]  # L entries of (g, s)
     closest = ((wide - wide[groups, chosen].unsqueeze(1)) ** 2).sum(-1)  # (g, n)
-    for c in range(1, num_centroids):
+    for c in range(1, uniforms.shape[1]):
         total = closest.sum(1)  # (g,)
         scale = torch.where(total > 0, _FIXED_POINT / total, torch.zeros_like(total))
         cumulative = torch.floor(closest * scale.unsqueeze(1)).to(torch.int64).cumsum(1)
-        targets = torch.floor(uniforms[:, c] * cumulative[:, -1:].to(torch.float64))
+        targets = torch.floor(draws[:, c] * cumulative[:, -1:].to(torch.float64))
         picks = torch.searchsorted(cumulative, targets.to(torch.int64), right=True)
         picks = picks.clamp_max(n - 1)  # (g, t)
         candidates = wide[groups.unsqueeze(1), picks]  # (g, t, s)
@@ -166,31 +233,6 @@ def _kmeanspp_init(points: Tensor, num_centroids: int, rng: np.random.Generator)
         closest = torch.where(settled.unsqueeze(1), closest, nearest)
         out.append(points[groups, chosen])
     return torch.stack(out, 1)
-
-
-def _random_init(points: Tensor, num_centroids: int, rng: np.random.Generator) -> Tensor:
-    """L points drawn without replacement per group (with replacement if N < L)."""
-    g, n, s = points.shape
-    if n >= num_centroids:
-        return _subsample(points, num_centroids, rng)
-    index = torch.from_numpy(rng.integers(n, size=(g, num_centroids))).to(points.device)
-    return torch.gather(points, 1, index.unsqueeze(-1).expand(-1, -1, s))
-
-
-def _coarse_points(
-    train: Tensor,
-    num_centroids: int,
-    iterations: int,
-    fraction: float | None,
-    rng: np.random.Generator,
-) -> Tensor | None:
-    """The seeded subset of the coarse iterations (as ``kmeans._coarse_points``), or None."""
-    if fraction is None or iterations <= REFINE_ITERATIONS:
-        return None
-    keep = int(train.shape[1] * fraction)
-    if keep < max(COARSE_MIN_POINTS, KMEANSPP_POINTS_PER_CENTROID * num_centroids):
-        return None
-    return _subsample(train, keep, rng)
 
 
 # ---------------------------------------------------------------------------------------------

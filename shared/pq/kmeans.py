@@ -35,6 +35,7 @@ several threads when the pass is large, shared/pq/_threads.py); then only the po
 label changed move between float64 centroid sums.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -57,7 +58,14 @@ except ImportError as missing:  # pragma: no cover - numba is a dependency of th
 else:
     _NUMBA_MISSING = None
 
-__all__ = ["Backend", "KMeansResult", "assign", "batched_kmeans", "squared_distances"]
+__all__ = [
+    "Backend",
+    "KMeansResult",
+    "assign",
+    "batched_kmeans",
+    "batched_kmeans_many",
+    "squared_distances",
+]
 
 InitMethod = Literal["kmeans++", "random"]
 # "auto": the torch backend for points on a GPU (or any device but the CPU), the numba kernels
@@ -280,17 +288,26 @@ def batched_kmeans(
     """
     _validate(points, num_centroids, iterations, init, initial_centroids, coarse_fraction, backend)
     if _on_device(points, backend):
-        centroids, labels, ran = _torch.batched_kmeans(
-            points,
+        g, n, _ = points.shape
+        draws = _torch.draw(
+            g,
+            n,
             num_centroids,
             iterations=iterations,
             seed=seed,
             init=init,
             max_points_per_centroid=max_points_per_centroid,
-            initial_centroids=initial_centroids,
+            initial_centroids=initial_centroids is not None,
             coarse_fraction=coarse_fraction,
         )
-        return KMeansResult(centroids=centroids, assignments=labels, iterations=ran)
+        centroids, labels, ran = _torch.batched_kmeans(
+            points,
+            num_centroids,
+            iterations=iterations,
+            draws=draws,
+            initial_centroids=initial_centroids,
+        )
+        return KMeansResult(centroids, labels, int(ran.max().item()))
     _require_numba()
     workers = torch.get_num_threads() if threads is None else threads
     rng = np.random.default_rng(seed)
@@ -334,3 +351,77 @@ def _numba_kmeans(
     return KMeansResult(
         centroids=torch.from_numpy(centroids), assignments=torch.from_numpy(labels), iterations=ran
     )
+
+
+def batched_kmeans_many(
+    points: Sequence[Tensor],
+    num_centroids: int,
+    *,
+    seeds: Sequence[int],
+    iterations: int = 10,
+    init: InitMethod = "kmeans++",
+    max_points_per_centroid: int | None = None,
+    threads: int | None = None,
+    coarse_fraction: float | None = None,
+    backend: Backend = "auto",
+) -> list[KMeansResult]:
+    """``batched_kmeans(points[i], seed=seeds[i], ...)`` for every i (each (G, N_i, s)).
+
+    On the numba kernels, one call after the other. On the torch backend (points on a GPU),
+    the calls whose shapes agree run as one: their groups stacked, each group with its own
+    call's draws, so a training step's client chunks cost one set of kernel launches instead
+    of one per chunk (at FEMNIST's shapes a GPU k-means is launch-bound, not arithmetic).
+    Stacked or not, every group's arithmetic is its own; on a CPU the results are those of
+    separate calls to the bit, on a GPU a batched product may round differently from a
+    single one (the same bits every run either way).
+    """
+    if len(points) != len(seeds):
+        raise ValueError(f"{len(points)} point sets but {len(seeds)} seeds")
+    if not points or not _on_device(points[0], backend):
+        return [
+            batched_kmeans(
+                p,
+                num_centroids,
+                iterations=iterations,
+                seed=seed,
+                init=init,
+                max_points_per_centroid=max_points_per_centroid,
+                threads=threads,
+                coarse_fraction=coarse_fraction,
+                backend=backend,
+            )
+            for p, seed in zip(points, seeds, strict=True)
+        ]
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(points):
+        _validate(p, num_centroids, iterations, init, None, coarse_fraction, backend)
+        by_shape.setdefault(tuple(p.shape), []).append(i)
+    results: list[KMeansResult] = []
+    for (g, n, _), calls in by_shape.items():
+        draws = [
+            _torch.draw(
+                g,
+                n,
+                num_centroids,
+                iterations=iterations,
+                seed=seeds[i],
+                init=init,
+                max_points_per_centroid=max_points_per_centroid,
+                initial_centroids=False,
+                coarse_fraction=coarse_fraction,
+            )
+            for i in calls
+        ]
+        centroids, labels, ran = _torch.batched_kmeans(
+            torch.cat([points[i] for i in calls]),
+            num_centroids,
+            iterations=iterations,
+            draws=_torch.Draws.stack(draws),
+            initial_centroids=None,
+        )
+        updates = ran.reshape(len(calls), g).amax(1).tolist()
+        for j in range(len(calls)):
+            part = slice(j * g, (j + 1) * g)
+            results.append(KMeansResult(centroids[part], labels[part], int(updates[j])))
+    done = {i: k for k, i in enumerate(i for calls in by_shape.values() for i in calls)}
+    return [results[done[i]] for i in range(len(points))]

@@ -11,12 +11,13 @@ Message size (paper): phi*d*R*L/q + B*q*log2(L) bits against phi*d*B for the raw
 """
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from shared.pq.kmeans import InitMethod, batched_kmeans
+from shared.pq.kmeans import InitMethod, KMeansResult, batched_kmeans, batched_kmeans_many
 
 __all__ = ["PQConfig", "PQCode", "GroupedProductQuantizer", "MAX_CENTROIDS", "relative_error"]
 
@@ -141,6 +142,32 @@ class GroupedProductQuantizer:
             initial_centroids=initial_codebook,
             threads=cfg.threads,
         )
+        return self._code(result, b)
+
+    def encode_many(self, batches: Sequence[Tensor], *, seeds: Sequence[int]) -> list[PQCode]:
+        """``encode(batches[i], seed=seeds[i])`` for every i: a training step's client chunks.
+
+        The same codes as one call each (to the bit on a CPU); on a GPU the chunks of equal
+        size are clustered in one stacked k-means (``kmeans.batched_kmeans_many``), whose
+        batched products may round differently from single ones, the same way every run.
+        """
+        self._check_batches(batches)
+        cfg = self.config
+        results = batched_kmeans_many(
+            [self.group_points(z.detach().to(torch.float32)) for z in batches],
+            cfg.L,
+            seeds=seeds,
+            iterations=cfg.iterations,
+            init=cfg.init,
+            max_points_per_centroid=cfg.max_points_per_centroid,
+            coarse_fraction=cfg.coarse_fraction,
+            threads=cfg.threads,
+        )
+        return [self._code(r, z.shape[0]) for r, z in zip(results, batches, strict=True)]
+
+    def _code(self, result: KMeansResult, b: int) -> PQCode:
+        """The code of b rows from their groups' k-means result."""
+        cfg = self.config
         # assignments (r, b*q/r) -> (b, r, q/r) -> (b, q), position-major within each row
         codewords = (
             result.assignments.reshape(cfg.R, b, self.positions_per_group)
@@ -201,14 +228,20 @@ class GroupedProductQuantizer:
         return code, self.decode(code)
 
     def _check_batch(self, z: Tensor) -> None:
-        if z.ndim != 2 or z.shape[1] != self.d:
-            raise ValueError(f"activations must be (B, {self.d}), got {tuple(z.shape)}")
-        if z.shape[0] < 1:
-            raise ValueError("cannot quantize an empty batch")
-        # A finite sum proves every element finite (NaN and Inf propagate) in one pass; only
-        # a sum that overflowed needs the elementwise check.
-        total = float(z.detach().sum())
-        if not math.isfinite(total) and not bool(torch.isfinite(z).all()):
+        self._check_batches([z])
+
+    def _check_batches(self, batches: Sequence[Tensor]) -> None:
+        for z in batches:
+            if z.ndim != 2 or z.shape[1] != self.d:
+                raise ValueError(f"activations must be (B, {self.d}), got {tuple(z.shape)}")
+            if z.shape[0] < 1:
+                raise ValueError("cannot quantize an empty batch")
+        # A finite sum proves every element finite (NaN and Inf propagate) in one pass (and,
+        # on a GPU, one wait for all batches); only a sum that overflowed needs the
+        # elementwise check.
+        sums = [z.detach().sum() for z in batches]
+        total = float(sums[0] if len(sums) == 1 else torch.stack(sums).sum())
+        if not math.isfinite(total) and not all(bool(torch.isfinite(z).all()) for z in batches):
             raise ValueError("activations contain NaN or Inf; refusing to quantize")
 
 
