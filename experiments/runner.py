@@ -17,9 +17,9 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -249,13 +249,22 @@ def run_split(
     workdir: Path | None = None,
     artifacts: Path | None = None,
     progress: Path | None = None,
+    deadline: float | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Train one FedLite / SplitFed run end to end; returns the record (config + results).
 
     With ``config.save_bottom``, party A's trained bottom model is saved to
     ``artifacts/<key>.bottom.pt`` (a plain state dict). With ``progress``, the record as it
     stands (``"partial": true``, the curve so far) is written there, atomically, after every
-    evaluation: what a run cut short leaves of itself.
+    evaluation: what a run cut short leaves of itself. ``on_step(step)`` is called after every
+    step (timing, fault injection).
+
+    ``deadline`` (``time.time()`` seconds): the run ends at the last evaluation from which
+    another evaluation interval would pass it, and its record is the record of a run of that
+    many steps (key and config say so, ``cut_from`` names the configured run): nothing in a
+    run depends on its length (tests/test_experiments.py), so its first S steps are a run of
+    S steps.
 
     ``curve`` holds one row per evaluation: step, the held-out metrics (party B computes
     them), cumulative uplink bits in the paper's accounting and measured request bytes.
@@ -277,19 +286,26 @@ def run_split(
                 server=server,
             )
 
-            def on_step(result: StepResult, summary: TrainSummary) -> None:
+            def after_step(result: StepResult, summary: TrainSummary) -> None:
                 sizes = tuple(per_sample * b for b in trainer.batch(result.step).chunk_sizes)
                 run.count(result, sizes)
                 if result.step % config.eval_every == 0 or result.step == config.steps:
                     run.evaluate(trainer, result.step, summary)
                     if progress is not None:
                         _write_atomically(progress, {**run.record(summary), "partial": True})
+                    if deadline is not None and run.out_of_time(deadline, config.steps):
+                        raise _Deadline(summary)
+                if on_step is not None:
+                    on_step(result.step)
 
-            trainer.on_step = on_step
+            trainer.on_step = after_step
             try:
                 trainer.prepare()
-                summary = trainer.train()
-                trainer.finish()
+                try:
+                    summary = trainer.train()
+                    trainer.finish()
+                except _Deadline as cut:
+                    return run.cut(cut.summary)
                 if config.save_bottom and artifacts is not None:
                     state = trainer.bottom.model.state_dict()
                     if trainer.bottom.device.type != "cpu":  # readable without a GPU
@@ -301,6 +317,14 @@ def run_split(
         if own_dir:
             shutil.rmtree(workdir, ignore_errors=True)
     return run.record(summary)
+
+
+class _Deadline(Exception):  # noqa: N818 - control flow, not an error
+    """Raised from the step hook when the run's deadline is too close for another interval."""
+
+    def __init__(self, summary: TrainSummary) -> None:
+        super().__init__("deadline")
+        self.summary = summary
 
 
 class _Recorder:
@@ -353,6 +377,20 @@ class _Recorder:
             }
         )
         self.losses.clear()
+
+    def out_of_time(self, deadline: float, steps: int) -> bool:
+        """Whether another evaluation interval (as long as the last one) would pass
+        ``deadline``, with steps still to go."""
+        if self.curve[-1]["step"] >= steps:
+            return False
+        last = self.curve[-1]["seconds"] - (self.curve[-2]["seconds"] if len(self.curve) > 1 else 0)
+        return time.time() + last >= deadline
+
+    def cut(self, summary: TrainSummary) -> dict[str, Any]:
+        """The record of this run cut at its last evaluation: a run of that many steps."""
+        nominal = self.config
+        self.config = replace(nominal, steps=self.curve[-1]["step"])
+        return {**self.record(summary), "cut_from": nominal.key, "nominal_steps": nominal.steps}
 
     def record(self, summary: TrainSummary) -> dict[str, Any]:
         """The run's record: its config, curve, final metrics and traffic, as of now."""
