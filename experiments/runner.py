@@ -287,6 +287,8 @@ def run_split(
             )
 
             def after_step(result: StepResult, summary: TrainSummary) -> None:
+                if on_step is not None:  # before any evaluation: step timings leave it out
+                    on_step(result.step)
                 sizes = tuple(per_sample * b for b in trainer.batch(result.step).chunk_sizes)
                 run.count(result, sizes)
                 if result.step % config.eval_every == 0 or result.step == config.steps:
@@ -295,8 +297,6 @@ def run_split(
                         _write_atomically(progress, {**run.record(summary), "partial": True})
                     if deadline is not None and run.out_of_time(deadline, config.steps):
                         raise _Deadline(summary)
-                if on_step is not None:
-                    on_step(result.step)
 
             trainer.on_step = after_step
             try:

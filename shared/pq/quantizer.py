@@ -17,7 +17,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from shared.pq.kmeans import InitMethod, KMeansResult, batched_kmeans, batched_kmeans_many
+from shared.pq.kmeans import (
+    Backend,
+    InitMethod,
+    KMeansResult,
+    batched_kmeans,
+    batched_kmeans_many,
+)
 
 __all__ = ["PQConfig", "PQCode", "GroupedProductQuantizer", "MAX_CENTROIDS", "relative_error"]
 
@@ -47,6 +53,9 @@ class PQConfig:
     # threads one k-means assignment pass may run on; None (default): torch's intra-op setting.
     # The bytes do not depend on it (shared/pq/_threads.py)
     threads: int | None = None
+    # k-means backend: "auto" (torch for activations on a GPU, numba kernels for host memory),
+    # or "numba" / "torch" to force one (shared/pq/kmeans.py); the bytes differ in rounding only
+    backend: Backend = "auto"
 
     def validate(self, d: int) -> None:
         """Raise ValueError with a precise message if this config cannot quantize width d."""
@@ -66,6 +75,8 @@ class PQConfig:
             )
         if self.iterations < 0:
             raise ValueError(f"iterations must be >= 0, got {self.iterations}")
+        if self.backend not in ("auto", "numba", "torch"):
+            raise ValueError(f"backend must be 'auto', 'numba' or 'torch', got {self.backend!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
         if self.max_points_per_centroid is not None and self.max_points_per_centroid < 1:
@@ -141,6 +152,7 @@ class GroupedProductQuantizer:
             coarse_fraction=cfg.coarse_fraction,
             initial_centroids=initial_codebook,
             threads=cfg.threads,
+            backend=cfg.backend,
         )
         return self._code(result, b)
 
@@ -162,6 +174,7 @@ class GroupedProductQuantizer:
             max_points_per_centroid=cfg.max_points_per_centroid,
             coarse_fraction=cfg.coarse_fraction,
             threads=cfg.threads,
+            backend=cfg.backend,
         )
         return [self._code(r, z.shape[0]) for r, z in zip(results, batches, strict=True)]
 
