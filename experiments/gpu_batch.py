@@ -113,7 +113,7 @@ class _Batch:
         self.args = args
         self.work = work
         self.started = time.time()
-        self.deadline = self.started + args.budget_seconds - args.pack_seconds
+        self.deadline: float = self.started + args.budget_seconds - args.pack_seconds
         self.workers = max(1, args.workers)
         self.threads = max(1, (os.cpu_count() or 1) // self.workers)
         self.context = multiprocessing.get_context("spawn")
@@ -167,7 +167,11 @@ class _Batch:
             if process.is_alive():
                 continue
             process.join()
-            outcome = {"key": key, "state": "crashed", "exit_code": process.exitcode}
+            outcome: dict[str, Any] = {
+                "key": key,
+                "state": "crashed",
+                "exit_code": process.exitcode,
+            }
             if status.exists():
                 outcome = json.loads(status.read_text())
                 status.unlink()

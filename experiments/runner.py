@@ -383,8 +383,8 @@ class _Recorder:
         ``deadline``, with steps still to go."""
         if self.curve[-1]["step"] >= steps:
             return False
-        last = self.curve[-1]["seconds"] - (self.curve[-2]["seconds"] if len(self.curve) > 1 else 0)
-        return time.time() + last >= deadline
+        before = self.curve[-2]["seconds"] if len(self.curve) > 1 else 0.0
+        return time.time() + float(self.curve[-1]["seconds"] - before) >= deadline
 
     def cut(self, summary: TrainSummary) -> dict[str, Any]:
         """The record of this run cut at its last evaluation: a run of that many steps."""

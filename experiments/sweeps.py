@@ -434,11 +434,17 @@ def femnist_long_smoke() -> list[Job]:
 
 
 def so_tag_long_smoke() -> list[Job]:
-    return [replace(job, steps=LONG_STEPS, device="auto") for job in so_tag_smoke()]
+    return _long_smoke(so_tag_smoke())
 
 
 def shakespeare_long_smoke() -> list[Job]:
-    return [replace(job, steps=LONG_STEPS, device="auto") for job in shakespeare_smoke()]
+    return _long_smoke(shakespeare_smoke())
+
+
+def _long_smoke(jobs: list[Job]) -> list[Job]:
+    return [
+        replace(job, steps=LONG_STEPS, device="auto") for job in jobs if isinstance(job, RunConfig)
+    ]
 
 
 # What the GPU batch runs, most important first (experiments.gpu_batch)

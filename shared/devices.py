@@ -130,7 +130,7 @@ def describe(device: torch.device) -> dict[str, str | int | None]:
     }
     if device.type == "cuda":
         info["name"] = torch.cuda.get_device_name(device)
-        info["cudnn"] = torch.backends.cudnn.version()
+        info["cudnn"] = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
     else:
         info["name"] = "cpu"
     return info
