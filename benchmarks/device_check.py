@@ -331,17 +331,17 @@ def check_speed(device: str, sizes: Sizes, work: Path) -> dict[str, Any]:
         ("shakespeare", replace(shakespeare, method="fedlite", q=12, L=30, lam=1e-3)),
     ]
     rows = []
-    for where, timed_steps, threads, folder in (
-        (device, sizes.speed_steps, torch.get_num_threads(), work / "speed-device"),
-        ("cpu", sizes.cpu_speed_steps, os.cpu_count() or 1, work / "speed-cpu"),
+    for side, where, timed_steps, threads in (
+        ("device", device, sizes.speed_steps, torch.get_num_threads()),
+        ("cpu", "cpu", sizes.cpu_speed_steps, os.cpu_count() or 1),
     ):
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
             for task, base in configs:
-                rows.append(
-                    _steps_per_second(task, base, where, sizes.speed_warmup, timed_steps, folder)
-                )
+                folder = work / f"speed-{side}"
+                row = _steps_per_second(task, base, where, sizes.speed_warmup, timed_steps, folder)
+                rows.append({"side": side, **row})
         finally:
             torch.set_num_threads(before)
     return {"ok": all(r["steps_per_second"] > 0 for r in rows), "rows": rows}

@@ -269,11 +269,11 @@ def floor_ms(points: np.ndarray, shape: Shape) -> dict[str, float]:
     and the centroid updates, so no implementation reaches it; ratio = our CPU time / floor."""
     from threadpoolctl import threadpool_limits
 
-    from shared.pq import _sampling
+    from shared.pq import kmeans
 
     g, n, s = points.shape
-    keep = max(_sampling.MIN_TRAIN_POINTS, 256 * shape.L)
-    subsampled = n > _sampling.SUBSAMPLE_FACTOR * keep
+    keep = max(kmeans._MIN_TRAIN_POINTS, 256 * shape.L)
+    subsampled = n > kmeans._SUBSAMPLE_FACTOR * keep
     trained = keep if subsampled else n
     passes = [(ITERATIONS + 1, trained)] + ([(1, n)] if subsampled else [])
     big = np.ones((1 << 22,), dtype=np.float32)  # 16 MiB: past the caches

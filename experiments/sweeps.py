@@ -411,14 +411,20 @@ def femnist_long() -> list[Job]:
 
 
 def so_tag_long() -> list[Job]:
-    """SO tags: SplitFed to its plateau, the paper's 247x point (q = 125, L = 10; lambda = 0,
-    the best of the 240-step grid there) beside it, and SplitFed at the paper's AdaGrad rate."""
+    """SO tags: SplitFed to its plateau, and the paper's 247x point (q = 125, L = 10; lambda =
+    0, the best of the 240-step grid there) beside it."""
     split = _long(SO_TAG)
-    return [
-        split,
-        replace(split, method="fedlite", q=125, L=10, lam=0.0),
-        replace(split, lr_bottom=SO_PAPER_LR, lr_top=SO_PAPER_LR, optimizer_options=FEDJAX_ADAGRAD),
-    ]
+    return [split, replace(split, method="fedlite", q=125, L=10, lam=0.0)]
+
+
+def so_tag_long_paper_rate() -> list[Job]:
+    """SO tags' SplitFed at the paper's rate (FedJAX's AdaGrad, 10^-0.5), at length: the side
+    check of the 240-step grid, last in the GPU batch."""
+    return [_paper_rate(_long(SO_TAG))]
+
+
+def _paper_rate(job: RunConfig) -> RunConfig:
+    return replace(job, lr_bottom=SO_PAPER_LR, lr_top=SO_PAPER_LR, optimizer_options=FEDJAX_ADAGRAD)
 
 
 def shakespeare_long() -> list[Job]:
@@ -442,6 +448,12 @@ def shakespeare_long_smoke() -> list[Job]:
     return _long_smoke(shakespeare_smoke())
 
 
+def so_tag_long_paper_rate_smoke() -> list[Job]:
+    return [
+        _paper_rate(job) for job in _long_smoke(so_tag_smoke()[:1]) if isinstance(job, RunConfig)
+    ]
+
+
 def _long_smoke(jobs: list[Job]) -> list[Job]:
     return [
         replace(job, steps=12, eval_every=3, device="auto")
@@ -450,8 +462,9 @@ def _long_smoke(jobs: list[Job]) -> list[Job]:
     ]
 
 
-# What the GPU batch runs, most important first (experiments.gpu_batch)
-GPU_SWEEPS = ("femnist_long", "shakespeare_long", "so_tag_long")
+# What the GPU batch runs, most important first (experiments.gpu_batch): 16 runs before the
+# last sweep's one, one per core of a 16-core GPU machine
+GPU_SWEEPS = ("femnist_long", "so_tag_long", "shakespeare_long", "so_tag_long_paper_rate")
 
 
 SWEEPS: dict[str, Sweep] = {
@@ -494,6 +507,11 @@ SWEEPS: dict[str, Sweep] = {
         "Stack Overflow tags SplitFed and 247x (q=125 L=10), to 20,000 steps (GPU)",
         so_tag_long,
         so_tag_long_smoke,
+    ),
+    "so_tag_long_paper_rate": Sweep(
+        "Stack Overflow tags SplitFed at the paper's AdaGrad 10^-0.5, to 20,000 steps (GPU)",
+        so_tag_long_paper_rate,
+        so_tag_long_paper_rate_smoke,
     ),
     "shakespeare_long": Sweep(
         "Shakespeare next word SplitFed and 55x (q=12 L=30), to 20,000 steps (GPU)",

@@ -55,9 +55,8 @@ def connect(
         state_dir: party A's state directory (default: FEDLITE_A_STATE_DIR or
             ./fedlite-a-state, as for the CLI).
         retry_for: seconds to keep retrying party B when it is unreachable or restarting.
-        device: where party A computes ("cpu", "cuda", "cuda:N" or "auto"), over the config's
-            ``[run] device``; "cuda" on a machine without one raises
-            ``shared.devices.DeviceUnavailable`` (a ValueError) naming the fix.
+        device: where party A computes ("cpu", "cuda", "cuda:N", "auto"), over ``[run] device``;
+            one this machine lacks raises ``shared.devices.DeviceUnavailable`` (a ValueError).
     """
     if isinstance(config, PartyAConfig):
         if overrides:
@@ -65,9 +64,7 @@ def connect(
         run_config = config
     else:
         run_config = load_config(Path(config) if config else None, dict(overrides or {}))
-    if device is not None:  # a local choice, also for a trained run (no part of its config)
-        run = run_config.run.model_copy(update={"device": device})
-        run_config = run_config.model_copy(update={"run": run})
+    run_config = _on_device(run_config, device)
     store = open_state(Path(state_dir) if state_dir else state_dir_default(), create=True)
     transport: HttpTransport | None = None
     try:
@@ -94,3 +91,11 @@ def connect(
         if transport is not None:
             transport.close()
         store.close()
+
+
+def _on_device(config: PartyAConfig, device: str | None) -> PartyAConfig:
+    """``config`` computing on ``device`` (a local choice, also for a trained run: the device
+    is no part of a run's config)."""
+    if device is None:
+        return config
+    return config.model_copy(update={"run": config.run.model_copy(update={"device": device})})

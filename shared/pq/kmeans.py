@@ -43,13 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from shared.pq import _torch
-from shared.pq._sampling import COARSE_MIN_POINTS as _COARSE_MIN_POINTS
-from shared.pq._sampling import KMEANSPP_MIN_POINTS as _KMEANSPP_MIN_POINTS
-from shared.pq._sampling import KMEANSPP_POINTS_PER_CENTROID as _KMEANSPP_POINTS_PER_CENTROID
-from shared.pq._sampling import MIN_TRAIN_POINTS as _MIN_TRAIN_POINTS
-from shared.pq._sampling import REFINE_ITERATIONS as _REFINE_ITERATIONS
-from shared.pq._sampling import SUBSAMPLE_FACTOR as _SUBSAMPLE_FACTOR
+from shared.pq import _sampling, _torch
 
 try:  # the CPU kernels; a machine without numba still runs the torch backend (on a GPU)
     from shared.pq import _kernels, _lloyd, _seeding, _threads
@@ -71,6 +65,15 @@ InitMethod = Literal["kmeans++", "random"]
 # "auto": the torch backend for points on a GPU (or any device but the CPU), the numba kernels
 # for points in host memory; "numba" / "torch" force one (tests, benchmarks)
 Backend = Literal["auto", "numba", "torch"]
+
+# How many points each stage samples: shared with the torch backend (shared/pq/_sampling.py
+# says why each is what it is)
+_KMEANSPP_POINTS_PER_CENTROID = _sampling.KMEANSPP_POINTS_PER_CENTROID
+_KMEANSPP_MIN_POINTS = _sampling.KMEANSPP_MIN_POINTS
+_MIN_TRAIN_POINTS = _sampling.MIN_TRAIN_POINTS
+_SUBSAMPLE_FACTOR = _sampling.SUBSAMPLE_FACTOR
+_REFINE_ITERATIONS = _sampling.REFINE_ITERATIONS
+_COARSE_MIN_POINTS = _sampling.COARSE_MIN_POINTS
 
 
 @dataclass(frozen=True)
@@ -288,26 +291,8 @@ def batched_kmeans(
     """
     _validate(points, num_centroids, iterations, init, initial_centroids, coarse_fraction, backend)
     if _on_device(points, backend):
-        g, n, _ = points.shape
-        draws = _torch.draw(
-            g,
-            n,
-            num_centroids,
-            iterations=iterations,
-            seed=seed,
-            init=init,
-            max_points_per_centroid=max_points_per_centroid,
-            initial_centroids=initial_centroids is not None,
-            coarse_fraction=coarse_fraction,
-        )
-        centroids, labels, ran = _torch.batched_kmeans(
-            points,
-            num_centroids,
-            iterations=iterations,
-            draws=draws,
-            initial_centroids=initial_centroids,
-        )
-        return KMeansResult(centroids, labels, int(ran.max().item()))
+        options = (iterations, init, max_points_per_centroid, coarse_fraction)
+        return _torch_kmeans([points], num_centroids, [seed], options, initial_centroids)[0]
     _require_numba()
     workers = torch.get_num_threads() if threads is None else threads
     rng = np.random.default_rng(seed)
@@ -392,11 +377,26 @@ def batched_kmeans_many(
             )
             for p, seed in zip(points, seeds, strict=True)
         ]
+    for p in points:
+        _validate(p, num_centroids, iterations, init, None, coarse_fraction, backend)
+    options = (iterations, init, max_points_per_centroid, coarse_fraction)
+    return _torch_kmeans(points, num_centroids, seeds, options, None)
+
+
+def _torch_kmeans(
+    points: Sequence[Tensor],
+    num_centroids: int,
+    seeds: Sequence[int],
+    options: tuple[int, str, int | None, float | None],
+    initial_centroids: Tensor | None,
+) -> list[KMeansResult]:
+    """The torch backend on each points[i] with seeds[i]; the calls of one shape stacked into
+    one. ``options``: (iterations, init, max_points_per_centroid, coarse_fraction)."""
+    iterations, init, per_centroid, coarse_fraction = options
     by_shape: dict[tuple[int, ...], list[int]] = {}
     for i, p in enumerate(points):
-        _validate(p, num_centroids, iterations, init, None, coarse_fraction, backend)
         by_shape.setdefault(tuple(p.shape), []).append(i)
-    results: list[KMeansResult] = []
+    results: dict[int, KMeansResult] = {}
     for (g, n, _), calls in by_shape.items():
         draws = [
             _torch.draw(
@@ -406,22 +406,21 @@ def batched_kmeans_many(
                 iterations=iterations,
                 seed=seeds[i],
                 init=init,
-                max_points_per_centroid=max_points_per_centroid,
-                initial_centroids=False,
+                max_points_per_centroid=per_centroid,
+                initial_centroids=initial_centroids is not None,
                 coarse_fraction=coarse_fraction,
             )
             for i in calls
         ]
         centroids, labels, ran = _torch.batched_kmeans(
-            torch.cat([points[i] for i in calls]),
+            points[calls[0]] if len(calls) == 1 else torch.cat([points[i] for i in calls]),
             num_centroids,
             iterations=iterations,
-            draws=_torch.Draws.stack(draws),
-            initial_centroids=None,
+            draws=draws[0] if len(calls) == 1 else _torch.Draws.stack(draws),
+            initial_centroids=initial_centroids,
         )
-        updates = ran.reshape(len(calls), g).amax(1).tolist()
-        for j in range(len(calls)):
+        updates = ran.reshape(len(calls), g).amax(1).tolist()  # one wait for the GPU
+        for j, i in enumerate(calls):
             part = slice(j * g, (j + 1) * g)
-            results.append(KMeansResult(centroids[part], labels[part], int(updates[j])))
-    done = {i: k for k, i in enumerate(i for calls in by_shape.values() for i in calls)}
-    return [results[done[i]] for i in range(len(points))]
+            results[i] = KMeansResult(centroids[part], labels[part], int(updates[j]))
+    return [results[i] for i in range(len(points))]
