@@ -67,7 +67,8 @@ bench: $(DEV)
 DEVICE_PY ?= $(BIN)/python
 DEVICE_OUT ?= benchmarks/results
 device-check:
-	PYTHONPATH=. $(DEVICE_PY) -m benchmarks.device_check --out $(DEVICE_OUT) $(DEVICE_ARGS)
+	PYTHONPATH=.$(if $(PYTHONPATH),:$(PYTHONPATH)) $(DEVICE_PY) -m benchmarks.device_check \
+		--out $(DEVICE_OUT) $(DEVICE_ARGS)
 
 # Locust, headless, against a party B started on 127.0.0.1 (exit code 1 = SLO missed).
 loadtest: $(DEV)

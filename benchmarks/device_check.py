@@ -179,7 +179,7 @@ def _child(config: RunConfig, workdir: Path, interval: int, kill_at: int | None)
         [sys.executable, "-m", "benchmarks.device_check", "--child", str(spec)],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        env=_with_repo_on_path(),
     )
     result_path = spec.with_suffix(".result.json")
     if result_path.exists():
@@ -393,6 +393,14 @@ def _timed(fn: Any, device: torch.device, repeats: int) -> tuple[Any, float]:
     return out, best
 
 
+def _with_repo_on_path() -> dict[str, str]:
+    """This environment with the repository first on PYTHONPATH (and whatever was there after
+    it: packages carried to a GPU machine)."""
+    root = str(Path(__file__).resolve().parents[1])
+    rest = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": f"{root}:{rest}" if rest else root}
+
+
 def _cpu(code: Any) -> Any:
     return type(code)(code.codebook.cpu(), code.codewords.cpu())
 
@@ -418,17 +426,22 @@ def _warm_numba() -> subprocess.Popen[bytes] | None:
         "GroupedProductQuantizer(96, PQConfig(q=12, L=30)).encode(torch.rand(480, 96), seed=0)\n"
     )
     try:
-        root = str(Path(__file__).resolve().parents[1])
-        return subprocess.Popen(
-            [sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": root}
-        )
+        return subprocess.Popen([sys.executable, "-c", code], env=_with_repo_on_path())
     except OSError:
         return None
 
 
-def run_checks(device: str, sizes: Sizes, work: Path) -> dict[str, Any]:
+def run_checks(device: str, sizes: Sizes, work: Path, out: Path, mode: str) -> dict[str, Any]:
+    """Every check in turn; the record so far is written to ``out`` after each one, so that a
+    run stopped by a time limit still leaves what it measured."""
     warm = _warm_numba()
-    checks: dict[str, Any] = {}
+    result: dict[str, Any] = {
+        "mode": mode,
+        "device": describe(resolve_device(device)),
+        "versions": versions("numpy", "numba", "llvmlite", "msgpack", "sqlalchemy"),
+        "checks": {},
+    }
+    checks = result["checks"]
     started = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -442,30 +455,24 @@ def run_checks(device: str, sizes: Sizes, work: Path) -> dict[str, Any]:
                 warm.wait(timeout=300)  # the CPU kernels, compiled by now
             t = time.perf_counter()
             try:
-                result = check()
+                outcome = check()
             except Exception as exc:  # a broken check is a result, not the end of the others
-                result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-            if name == "femnist_resume" and isinstance(result, tuple):
-                checks["femnist_resume"], checks["across_devices"] = result
+                outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            if name == "femnist_resume" and isinstance(outcome, tuple):
+                checks["femnist_resume"], checks["across_devices"] = outcome
             else:
-                checks[name] = result
+                checks[name] = outcome
             print(f"  {name}: {'ok' if _ok(checks, name) else 'FAILED'} "
                   f"({time.perf_counter() - t:.0f} s)", flush=True)  # fmt: skip
-    return {
-        "device": describe(resolve_device(device)),
-        "versions": versions("numpy", "numba", "llvmlite", "msgpack", "sqlalchemy"),
-        "checks": checks,
-        "warnings": sorted({str(w.message)[:300] for w in caught}),
-        "seconds": time.perf_counter() - started,
-    }
+            result["warnings"] = sorted({str(w.message)[:300] for w in caught})
+            result["seconds"] = time.perf_counter() - started
+            write_result("device_check", result, out)
+    return result
 
 
 def _ok(checks: dict[str, Any], name: str) -> bool:
-    if name == "femnist_resume":
-        return bool(
-            checks["femnist_resume"].get("ok") and checks.get("across_devices", {}).get("ok")
-        )
-    return bool(checks[name].get("ok"))
+    names = ("femnist_resume", "across_devices") if name == "femnist_resume" else (name,)
+    return all(bool(checks.get(n, {}).get("ok")) for n in names)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -483,10 +490,10 @@ def main(argv: list[str] | None = None) -> int:
     device, sizes = ("cpu", SMOKE) if args.cpu_smoke else (args.device, FULL)
     resolve_device(device)  # DeviceUnavailable (one line) before anything runs
     print(f"device check on {describe(resolve_device(device))}", flush=True)
+    path = args.out / "device_check.json"
+    mode = "cpu-smoke" if args.cpu_smoke else "full"
     with tempfile.TemporaryDirectory(prefix="fedlite-device-check-") as work:
-        result = run_checks(device, sizes, Path(work))
-    result["mode"] = "cpu-smoke" if args.cpu_smoke else "full"
-    path = write_result("device_check", result, args.out / "device_check.json")
+        result = run_checks(device, sizes, Path(work), path, mode)
     failed = [name for name in result["checks"] if not result["checks"][name].get("ok")]
     print(f"wrote {path}; {'all checks passed' if not failed else f'FAILED: {failed}'}")
     return 1 if failed else 0
