@@ -53,7 +53,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from party_b.api import create_app
-
     from party_b.device import use_device
 
     if settings.torch_threads:
