@@ -327,13 +327,18 @@ def device_check_tables(doc: dict[str, Any]) -> list[str]:
             "| task | method | device steps/s | CPU steps/s | device / CPU |",
             "|---|---|---|---|---|",
         ]
+        rows = [r for r in rows if "steps_per_second" in r]  # a failed row says why in the JSON
         cpu = {(r["task"], r["method"]): r for r in rows if r["side"] == "cpu"}
         for r in (r for r in rows if r["side"] == "device"):
-            base = cpu[(r["task"], r["method"])]
-            lines.append(
-                f"| {r['task']} | {r['method']} | {r['steps_per_second']:.1f} | "
+            base = cpu.get((r["task"], r["method"]))
+            versus = (
                 f"{base['steps_per_second']:.2f} ({base['torch_threads']} threads) | "
-                f"{r['steps_per_second'] / base['steps_per_second']:.1f}x |"
+                f"{r['steps_per_second'] / base['steps_per_second']:.1f}x"
+                if base
+                else "- | -"
+            )
+            lines.append(
+                f"| {r['task']} | {r['method']} | {r['steps_per_second']:.1f} | {versus} |"
             )
     if doc.get("warnings"):
         lines += ["", "Warnings: " + "; ".join(f"`{w}`" for w in doc["warnings"])]
