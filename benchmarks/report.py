@@ -280,6 +280,71 @@ def traffic_table(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def device_check_tables(doc: dict[str, Any]) -> list[str]:
+    """benchmarks/device_check.py's record: the card, every check, the k-means comparison and
+    steps/s on the device against the CPU."""
+    device, checks = doc["device"], doc["checks"]
+    lines = [
+        f"On **{device['name']}** (torch {device['torch']}, CUDA {device['cuda']}; "
+        f"{doc['machine']['cpus']} CPUs: {doc['machine']['cpu']}), `{doc['command']}`, "
+        f"{doc['when']}, {doc['mode']} mode, {doc['seconds']:.0f} s.",
+        "",
+        "| check | result |",
+        "|---|---|",
+    ]
+    for name, check in checks.items():
+        lines.append(f"| {name} | {'passed' if check.get('ok') else '**failed**'} |")
+    resume = checks.get("femnist_resume", {})
+    if "bit_identical" in resume:
+        same = ", ".join(
+            f"{k} {'same' if v else 'DIFFERENT'}" for k, v in resume["bit_identical"].items()
+        )
+        lines += ["", f"Killed at step {resume['killed_at']}, resumed from step "
+                  f"{resume['resumed_from']}: {same} (against an uninterrupted run)."]  # fmt: skip
+    kmeans = checks.get("kmeans", {}).get("shapes", [])
+    if kmeans:
+        lines += [
+            "",
+            f"k-means, torch on the device against {checks['kmeans']['cpu_backend']} on the CPU "
+            "(FEMNIST activations, chunks of 20 images):",
+            "",
+            "| q | R | L | codewords equal (min / mean) | codebook max abs diff | relative error "
+            "CPU / device | run to run | ms per chunk CPU / device |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in kmeans:
+            lines.append(
+                f"| {r['q']} | {r['R']} | {r['L']} | {r['codeword_agreement_min']:.4f} / "
+                f"{r['codeword_agreement_mean']:.4f} | {r['codebook_max_abs_diff']:.2e} | "
+                f"{r['relative_error_cpu']:.4f} / {r['relative_error_device']:.4f} | "
+                f"{'identical' if r['device_run_to_run_identical'] else 'DIFFERENT'} | "
+                f"{r['cpu_ms_per_chunk']:.2f} / {r['device_ms_per_chunk']:.2f} |"
+            )
+    rows = checks.get("speed", {}).get("rows", [])
+    if rows:
+        lines += [
+            "",
+            "| task | method | device steps/s | CPU steps/s | device / CPU |",
+            "|---|---|---|---|---|",
+        ]
+        rows = [r for r in rows if "steps_per_second" in r]  # a failed row says why in the JSON
+        cpu = {(r["task"], r["method"]): r for r in rows if r["side"] == "cpu"}
+        for r in (r for r in rows if r["side"] == "device"):
+            base = cpu.get((r["task"], r["method"]))
+            versus = (
+                f"{base['steps_per_second']:.2f} ({base['torch_threads']} threads) | "
+                f"{r['steps_per_second'] / base['steps_per_second']:.1f}x"
+                if base
+                else "- | -"
+            )
+            lines.append(
+                f"| {r['task']} | {r['method']} | {r['steps_per_second']:.1f} | {versus} |"
+            )
+    if doc.get("warnings"):
+        lines += ["", "Warnings: " + "; ".join(f"`{w}`" for w in doc["warnings"])]
+    return lines
+
+
 def _mean(runs: list[dict[str, Any]], key: str) -> float:
     return float(sum(r[key] for r in runs) / len(runs))
 
@@ -302,6 +367,7 @@ def render() -> str:
         ("Traffic both ways, and accuracy, per representation", "traffic", traffic_table),
         ("Across a WAN (namespaces, tbf, latency proxy)", "wan", wan_table),
         ("Accuracy against pipeline depth K", "staleness", staleness_table),
+        ("On a GPU (benchmarks/device_check.py)", "device_check", device_check_tables),
     ]
     one, default = _load("quantizer-1thread"), _load("quantizer")
     if one is not None:

@@ -37,6 +37,9 @@ __all__ = ["main", "run_sweep"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SMOKE_RESULTS = RESULTS / "smoke"  # git-ignored: smoke records never mix with the real ones
+# A run in progress (or cut short) keeps its record so far as <key>.partial.json: not a record
+# (load_records skips it), the curve of a run that did not finish
+PARTIAL = ".partial.json"
 
 
 def _init_worker() -> None:
@@ -90,12 +93,14 @@ def _run_and_save(args: tuple[Job, str]) -> tuple[str, float, str | None]:
     if path.exists() or not _claim(lock):
         return job.key, 0.0, "skipped"
     started = time.perf_counter()
+    partial = path.with_suffix(PARTIAL)
     try:
         try:
-            record = run_job(job, Path(directory))
+            record = run_job(job, Path(directory), progress=partial)
         except Exception:
             return job.key, time.perf_counter() - started, traceback.format_exc()
         save_record(path, record)
+        partial.unlink(missing_ok=True)
     finally:
         lock.unlink(missing_ok=True)
     return job.key, time.perf_counter() - started, None
@@ -198,8 +203,11 @@ def _report(key: str, seconds: float, error: str | None) -> list[str]:
     return [key]
 
 
-def load_records(directory: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
+def load_records(directory: Path, *, partial: bool = False) -> list[dict[str, Any]]:
+    """The records of a sweep directory; with ``partial``, those of the runs that did not
+    finish (``<key>.partial.json``) instead."""
+    paths = sorted(directory.glob("*.json"))
+    return [json.loads(p.read_text()) for p in paths if p.name.endswith(PARTIAL) == partial]
 
 
 def write_summary(directory: Path) -> Path:

@@ -40,6 +40,7 @@ def connect(
     id_column: str = "id",
     ca_bundle: str | Path | None = None,
     retry_for: float = 300.0,
+    device: str | None = None,
 ) -> Iterator[PartyATrainer]:
     """A prepared party A session on party B at ``server``; closed at the end of the block.
 
@@ -52,6 +53,8 @@ def connect(
         state_dir: party A's state directory (default: FEDLITE_A_STATE_DIR or
             ./fedlite-a-state, as for the CLI).
         retry_for: seconds to keep retrying party B when it is unreachable or restarting.
+        device: where party A computes ("cpu", "cuda", "cuda:N", "auto"), over ``[run] device``;
+            one this machine lacks raises ``shared.devices.DeviceUnavailable`` (a ValueError).
     """
     if isinstance(config, PartyAConfig):
         if overrides:
@@ -59,6 +62,7 @@ def connect(
         run_config = config
     else:
         run_config = load_config(Path(config) if config else None, dict(overrides or {}))
+    run_config = run_config.on_device(device)
     store = open_state(Path(state_dir) if state_dir else state_dir_default(), create=True)
     try:
         with open_session(

@@ -21,6 +21,7 @@ from torch.func import functional_call
 from party_a.errors import ProtocolError
 from shared import codec
 from shared.correction import correct_gradient
+from shared.devices import to_host
 from shared.models import build_bottom, build_seeded, seed_dropout, takes_tokens
 from shared.pq import GroupedProductQuantizer, PQConfig
 from shared.schedule import step_seed
@@ -64,10 +65,15 @@ class BottomTrainer:
         quantizer: dict[str, Any],
         optimizer: dict[str, Any],
         seed: int,
+        device: torch.device | None = None,
     ) -> None:
         """``quantizer``: mode ("pq"/"raw"), q, R, L, codebook_dtype, iterations, lambda,
-        codewords ("packed" or "ans")."""
+        codewords ("packed" or "ans"). ``device``: where the model, its optimizer and the
+        k-means run (default the CPU); initialised on the CPU first, so a run starts from the
+        same weights on any device."""
+        self.device = device or torch.device("cpu")
         self.model = build_seeded(lambda: build_bottom(model, **bottom_kwargs), seed)
+        self.model.to(self.device)
         self.optimizer = make_optimizer(self.model.parameters(), optimizer)
         self.seed = seed
         self.tokens = takes_tokens(model)
@@ -132,7 +138,7 @@ class BottomTrainer:
                 f"step {pending.step}: response for step {answer.step} with gradient "
                 f"{answer.grad.shape}, expected {tuple(pending.z.shape)}"
             )
-        grad = torch.from_numpy(answer.grad)
+        grad = torch.from_numpy(answer.grad).to(self.device)
         corrected = correct_gradient(
             grad, pending.z, pending.z_tilde, self.lam, chunk_rows=pending.chunk_sizes
         )
@@ -166,14 +172,13 @@ class BottomTrainer:
         chunk_size *= int(z.shape[0]) // max(len(x), 1)  # rows: T per sample for sequences
         sizes = [min(chunk_size, len(z) - i) for i in range(0, len(z), chunk_size)]
         if raw or not self.pq:
-            return tuple(codec.RawActivations(p.numpy()) for p in torch.split(z, sizes))
+            return tuple(codec.RawActivations(p) for p in to_host(torch.split(z, sizes)))
         if self.frozen is None:
             raise ValueError("no frozen serving codebook: call freeze_codebook() first")
         quantizer = self._quantizer(int(z.shape[1]))
-        return tuple(
-            codec.PQActivations.from_code(quantizer.assign(p, self.frozen))
-            for p in torch.split(z, sizes)
-        )
+        frozen = self.frozen.to(self.device)
+        codewords = to_host([quantizer.assign(p, frozen).codewords for p in torch.split(z, sizes)])
+        return tuple(codec.PQActivations(self.frozen.numpy(), c) for c in codewords)
 
     @torch.no_grad()
     def forward(self, x: np.ndarray) -> Tensor:
@@ -201,8 +206,8 @@ class BottomTrainer:
             base.d, dataclasses.replace(base.config, max_points_per_centroid=256)
         )
         code = fitting.encode(z, seed=step_seed(self.seed, step, "serving-codebook"))
-        # what party B will read off the wire
-        self.frozen = code.rounded(self.codebook_dtype).codebook.contiguous()
+        # what party B will read off the wire; kept and stored with the run, device-neutral
+        self.frozen = code.rounded(self.codebook_dtype).codebook.cpu().contiguous()
         return self.frozen
 
     # ------------------------------------------------------------------ state
@@ -218,7 +223,7 @@ class BottomTrainer:
 
     def _input(self, x: np.ndarray) -> Tensor:
         t = torch.from_numpy(np.ascontiguousarray(x))
-        return t.long() if self.tokens else t.float()
+        return (t.long() if self.tokens else t.float()).to(self.device)
 
     def _compress(
         self, z: Tensor, step: int, purpose: str, chunk_sizes: Sequence[int] | None
@@ -230,18 +235,22 @@ class BottomTrainer:
         detached = z.detach()
         if not self.pq:
             chunk_list: list[codec.Activations] = [
-                codec.RawActivations(part.numpy()) for part in torch.split(detached, sizes)
+                codec.RawActivations(part) for part in to_host(torch.split(detached, sizes))
             ]
             return tuple(chunk_list), detached
         quantizer = self._quantizer(int(z.shape[1]))
-        chunks: list[codec.Activations] = []
-        rebuilt = []
-        for index, part in enumerate(torch.split(detached, sizes)):
-            code = quantizer.encode(part, seed=step_seed(self.seed, step, f"{purpose}-{index}"))
-            # party B rebuilds z~ from the codebook as it travels: use the same one here
-            code = code.rounded(self.codebook_dtype)
-            chunks.append(codec.PQActivations.from_code(code))
-            rebuilt.append(quantizer.decode(code))
+        codes = quantizer.encode_many(
+            torch.split(detached, sizes),
+            seeds=[step_seed(self.seed, step, f"{purpose}-{i}") for i in range(len(sizes))],
+        )
+        # party B rebuilds z~ from the codebook as it travels: use the same one here
+        codes = [code.rounded(self.codebook_dtype) for code in codes]
+        rebuilt = [quantizer.decode(code) for code in codes]
+        # off a GPU in one wait for every chunk (shared.devices.to_host); as they are on a CPU
+        host = to_host([t for code in codes for t in (code.codebook, code.codewords)])
+        chunks: list[codec.Activations] = [
+            codec.PQActivations(host[i], host[i + 1]) for i in range(0, len(host), 2)
+        ]
         return tuple(chunks), torch.cat(rebuilt) if len(rebuilt) > 1 else rebuilt[0]
 
     def _quantizer(self, d: int) -> GroupedProductQuantizer:

@@ -16,6 +16,8 @@ Example (every table but [run] is optional)::
                                  # d = 9181, topk:k=ceil(d/36) above)
     schedule = { kind = "shuffle" }  # or { kind = "clients", clients_per_step = 10 }
     pipeline_depth = 1           # steps in flight (docs/PROTOCOL.md, "Pipelining")
+    device = "cpu"               # where party A computes: "cpu", "cuda", "cuda:N" or "auto"
+                                 # (a local choice: not part of the run, --device overrides it)
 
     [model.bottom]               # party A's bottom model (in_features defaults to the data)
     hidden = [64]
@@ -90,6 +92,10 @@ class RunSection(_Strict):
     downlink: str | None = None
     # steps in flight at once (party_a.loop): 1 = send a step, wait, apply, as before
     pipeline_depth: int = Field(default=1, ge=1, le=16)
+    # where this party A computes (shared.devices): a local execution choice, left out of the
+    # run's fingerprint, so a run trained on one device is resumed, evaluated or served on
+    # another
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda|cuda:[0-9]+|auto)$")
 
 
 class ModelSection(_Strict):
@@ -139,6 +145,14 @@ class PartyAConfig(_Strict):
         if self.run.model not in MODEL_NAMES:
             raise ValueError(f"unknown model {self.run.model!r}; known: {list(MODEL_NAMES)}")
         return self
+
+    def on_device(self, device: str | None) -> "PartyAConfig":
+        """This config computing on ``device`` (None: as it is). The device is a local
+        choice, no part of the run (its fingerprint leaves it out), so it may change for a
+        trained run; it is checked when the trainer resolves it."""
+        if device is None:
+            return self
+        return self.model_copy(update={"run": self.run.model_copy(update={"device": device})})
 
     def run_create(self, cut_dim: int) -> RunCreate:
         """The run as party B sees it (lambda and the bottom model stay with party A)."""

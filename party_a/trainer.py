@@ -34,6 +34,7 @@ from party_a.store import LocalRun, LocalStep, LocalStore, PsiResult
 from party_a.transport import Transport
 from shared import codec
 from shared.accounting import raw_step_request_bytes
+from shared.devices import resolve_device
 from shared.models import cut_dim as model_cut_dim
 from shared.models import input_width_kwarg
 from shared.schedule import (
@@ -87,6 +88,7 @@ class PartyATrainer:
             quantizer=config.quantizer.model_dump(by_alias=True),
             optimizer=config.optimizer.bottom.model_dump(),
             seed=config.run.seed,
+            device=resolve_device(config.run.device),  # DeviceUnavailable: a ValueError
         )
         self.local: LocalRun | None = None
         self.step = 0
@@ -217,7 +219,8 @@ class PartyATrainer:
         codewords) are left out, so that state directories written before them keep matching
         their runs."""
         run, optimizers = self.config.run, self.config.optimizer
-        unset = {"pipeline_depth"} if run.pipeline_depth == 1 else set()
+        unset = {"device"}  # a local execution choice, never part of the run
+        unset |= {"pipeline_depth"} if run.pipeline_depth == 1 else set()
         unset |= {"downlink"} if run.downlink is None else set()
         exclude: dict[str, Any] = {"run": unset}
         if self.config.quantizer.codewords == "packed":

@@ -87,6 +87,10 @@ class Settings(BaseSettings):
     )
     checkpoints_kept: int = Field(default=3, ge=2, description="checkpoints kept per run")
     torch_threads: int | None = Field(default=None, ge=1)
+    device: str = Field(
+        default="cpu",
+        description="where the top models compute: cpu, cuda, cuda:N or auto (party_b/device.py)",
+    )
     worker_threads: int = Field(default=8, ge=1, description="concurrent torch requests")
     step_hold_seconds: float | None = Field(
         default=5.0,
@@ -210,7 +214,7 @@ def check_environment(environ: Mapping[str, str]) -> None:
 _FLAG_FIELDS = (
     "host", "port", "data_dir", "database_url", "labels", "id_column", "label_column",
     "group_column", "label_source", "tokens", "ssl_certfile", "ssl_keyfile", "log_level",
-    "log_format", "access_log", "torch_threads", "worker_threads", "privacy",
+    "log_format", "access_log", "torch_threads", "worker_threads", "privacy", "device",
 )  # fmt: skip
 
 

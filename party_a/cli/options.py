@@ -123,7 +123,9 @@ def session_from_args(
     server, token = connection(args)
     store = open_state(args.state_dir, create=create)
     try:
-        config = _config(args, store, server, create=create)
+        config = _config(args, store, server, create=create).on_device(
+            getattr(args, "device", None)
+        )
         with open_session(
             server=server,
             token=token,

@@ -76,6 +76,11 @@ def _session_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--R", type=int, help="groups")
     parser.add_argument("--lambda", dest="lam", type=float, help="gradient correction strength")
     parser.add_argument(
+        "--device",
+        help="where party A computes: cpu (default), cuda, cuda:N or auto; a local choice, "
+        "also for a trained run (config [run] device)",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         metavar="KEY=VALUE",

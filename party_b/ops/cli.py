@@ -54,9 +54,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from party_b.api import create_app
+    from party_b.device import use_device
 
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
+    use_device(settings.device)  # before any run loads: StartupError naming the fix
     app = create_app(settings)
     engine = make_engine(settings.resolved_database_url())
     try:
@@ -222,6 +224,9 @@ def _serve_parser(sub: Any) -> None:
         "optionally with overrides, e.g. 'recommended,metrics=none'",
     )
     serve.add_argument("--torch-threads", type=int, help="intra-op threads for torch")
+    serve.add_argument(
+        "--device", help="where the top models compute: cpu (default), cuda, cuda:N or auto"
+    )
     serve.add_argument("--worker-threads", type=int, help="concurrent torch requests")
     serve.set_defaults(func=_cmd_serve)
 

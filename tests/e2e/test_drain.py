@@ -19,8 +19,8 @@ import httpx
 import msgpack
 import pytest
 
-from party_a.client import HttpTransport
 from party_a.trainer import PartyATrainer, TrainSummary
+from party_a.transport.http import HttpTransport
 from shared.training import state_sha256
 from shared.wire.envelope import WIRE_VERSION, MessageType
 from tests.utils.crash import party_b_checkpoints

@@ -151,7 +151,7 @@ def _stored_before_versions(
                 mode="json",
                 by_alias=True,
                 exclude={
-                    "run": {"pipeline_depth", "downlink"},
+                    "run": {"pipeline_depth", "downlink", "device"},
                     "quantizer": {"codewords"},
                     "optimizer": {s: {"initial_accumulator", "eps"} for s in ("bottom", "top")},
                 },
