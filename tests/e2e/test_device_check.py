@@ -12,7 +12,7 @@ import pytest
 
 from tests.utils.data import shared_data
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(900)
