@@ -21,6 +21,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 from torch import Tensor
 
+from shared import threads
 from shared.models import build_seeded, build_top, seed_dropout
 from shared.training import make_optimizer, state_from_bytes, state_to_bytes
 from shared.types import Task
@@ -80,6 +81,9 @@ class TopTrainer:
         self.accuracy_excludes = torch.tensor(accuracy_excludes, dtype=torch.int64)
         self.prediction_excludes = torch.tensor(prediction_excludes, dtype=torch.int64)
         self._computed = False  # compute_step ran and apply_step has not yet
+        # intra-op threads of a step: from its multiply-adds (shared.threads), counted once
+        self._macs_per_row: int | None = None
+        self._step_threads = 1
 
     # ------------------------------------------------------------------ training
 
@@ -98,9 +102,17 @@ class TopTrainer:
 
         Leaves the parameters' gradients for ``apply_step`` and changes nothing else: not the
         parameters, not the optimizer's state (the model has no buffers). Raises
-        ``DivergedError`` for a non-finite loss or gradient.
+        ``DivergedError`` for a non-finite loss or gradient. Runs on the step's intra-op
+        threads (``shared.threads``: from its size and the cores, or the operator's).
         """
         self._computed = False
+        self._step_threads = self._threads(z_tilde, side)
+        with threads.intra_op(self._step_threads):
+            return self._compute(z_tilde, targets, side, dropout_seed)
+
+    def _compute(
+        self, z_tilde: Tensor, targets: Tensor, side: Tensor | None, dropout_seed: int
+    ) -> StepOutcome:
         self.model.train()
         seed_dropout(self.model, dropout_seed)
         z = z_tilde.detach().requires_grad_(True)
@@ -121,7 +133,8 @@ class TopTrainer:
         if not self._computed:
             raise RuntimeError("apply_step without a compute_step before it")
         self._computed = False
-        self.optimizer.step()
+        with threads.intra_op(self._step_threads):
+            self.optimizer.step()
 
     # ------------------------------------------------------------------ serving
 
@@ -157,6 +170,13 @@ class TopTrainer:
         self.optimizer.load_state_dict(state_from_bytes(optimizer_state))
 
     # ------------------------------------------------------------------ internals
+
+    def _threads(self, z_tilde: Tensor, side: Tensor | None) -> int:
+        """Intra-op threads of a training step on these activations (rows, d)."""
+        if self._macs_per_row is None:
+            one = None if side is None else side[:1]
+            self._macs_per_row = threads.macs_per_sample(self.model, z_tilde[:1], one)
+        return threads.choose(self._macs_per_row * int(z_tilde.shape[0]))
 
     def _logits(self, z_tilde: Tensor, side: Tensor | None) -> Tensor:
         """Forward in eval mode; raises ``OutputNotFinite`` when the outputs overflow."""
