@@ -151,7 +151,8 @@ def _jobs(
 
 
 def baseline_tree(rev: str, into: Path) -> Path:
-    """Commit ``rev`` of this repository in ``into``, with this checkout's floor modules."""
+    """Commit ``rev`` of this repository in ``into``, with this checkout's floor modules (so
+    that this checkout can change while the benchmark runs)."""
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True
     ).stdout
@@ -196,6 +197,9 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=15, help="steps (or calls) per block")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps per run first")
     parser.add_argument("--baseline", help="a commit to compare with (before)")
+    parser.add_argument(
+        "--candidate", help="a commit to measure as 'after' (default: this checkout as it is)"
+    )
     parser.add_argument("--pairs", type=int, default=2, help="worker processes per version")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
@@ -207,6 +211,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="fedlite-floor-run-") as tmp:
         trees = {"after": ROOT}
+        if args.candidate:
+            trees["after"] = baseline_tree(args.candidate, Path(tmp) / "after")
         if args.baseline:
             trees["before"] = baseline_tree(args.baseline, Path(tmp) / "before")
         runs: dict[str, list[dict[str, Any]]] = {code: [] for code in trees}
@@ -226,7 +232,7 @@ def main() -> None:
         "floor",
         {
             "versions": versions("torch", "numpy", "fastapi", "uvicorn", "httpx", "sqlalchemy"),
-            "code": _revision(),
+            "code": args.candidate or _revision(),
             "baseline": args.baseline,
             "workers": {code: [_meta(w) for w in ws] for code, ws in runs.items()},
             "rounds": args.rounds,
