@@ -170,7 +170,9 @@ def run_worker(tree: Path, args: argparse.Namespace, out: Path) -> dict[str, Any
         "--tasks", *args.tasks, "--rounds", str(args.rounds), "--block", str(args.block),
         "--warmup", str(args.warmup),
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    # the data sets stay where this checkout finds them (../shared/data), wherever tree is
+    data = os.environ.get("FEDLITE_DATA") or str(ROOT.parent / "shared" / "data")
+    env = {**os.environ, "PYTHONPATH": str(tree), "FEDLITE_DATA": data}
     subprocess.run(cmd, cwd=tree, env=env, check=True)
     result: dict[str, Any] = json.loads(out.read_text())
     return result
