@@ -16,13 +16,19 @@ threads (convolution's reductions are split by thread), so a run whose thread co
 the load could not replay a step bit-identically after a restart (docs/ARCHITECTURE.md,
 "Recovery"). So the count is a function of what does not change during a run:
 
-    threads = 1                                     when the step does < MIN_PARALLEL_MACS
-    threads = min(cores // 2, macs // MACS_PER_THREAD)   otherwise, at least 1
+    threads = 1                                          when the step does < MIN_PARALLEL_MACS,
+                                                         or the machine has < 4 cores
+    threads = min(MAX_THREADS, macs // MACS_PER_THREAD)  otherwise, at least 1
 
-Half the cores: the other half is left to whatever else the machine runs (on 2 cores: one
-thread, always). The count applies to the calling thread only (torch keeps it per thread, as
-OpenMP does), so party B's worker threads each run their run's choice, and a
-``--torch-threads N`` (``pin``) is every step's count.
+Why at most two, even on many cores: the minimax over a quiet and a loaded machine. On a
+16-core machine (torch 2.11, bare FEMNIST steps; docs/PERFORMANCE.md, "Thread defaults")
+the bottom took 19.2 / 12.8 / 7.3 / 6.0 ms on 1 / 2 / 8 / 16 threads when quiet, and 20.4 /
+24.0 / 288 / 288 ms with 16 processes spinning beside it: more threads win 3x when quiet
+and lose 14x under load, two threads lose at most 1.3x under load and are 2.1x from the
+quiet best. On 2 cores two threads are all of them, and lost 5x under load here. The count
+applies to the calling thread only (torch keeps it per thread, as OpenMP does), so party B's
+worker threads each run their run's choice, and a ``--torch-threads N`` (``pin``) is every
+step's count.
 """
 
 import os
@@ -34,6 +40,8 @@ import torch
 
 __all__ = [
     "MACS_PER_THREAD",
+    "MAX_THREADS",
+    "MIN_CORES",
     "MIN_PARALLEL_MACS",
     "choose",
     "intra_op",
@@ -46,8 +54,10 @@ __all__ = [
 # a step runs on one thread whatever the cores: the demo's top step (~0.3 M) and
 # default_credit's (~2.3 M) gained nothing from a second thread on a quiet machine either.
 MIN_PARALLEL_MACS = 64 * 10**6
-# A thread per this many multiply-adds of the step, up to half the cores.
+# A thread per this many multiply-adds of the step, up to MAX_THREADS.
 MACS_PER_THREAD = 32 * 10**6
+MAX_THREADS = 2
+MIN_CORES = 4  # below, one thread: two would be every core
 
 _pinned: int | None = None
 
@@ -73,9 +83,9 @@ def choose(macs: int, cores: int | None = None) -> int:
     if _pinned is not None:
         return _pinned
     cores = cores if cores is not None else (os.cpu_count() or 1)
-    if macs < MIN_PARALLEL_MACS:
+    if macs < MIN_PARALLEL_MACS or cores < MIN_CORES:
         return 1
-    return max(1, min(cores // 2, macs // MACS_PER_THREAD))
+    return max(1, min(MAX_THREADS, macs // MACS_PER_THREAD))
 
 
 def macs_per_sample(model: torch.nn.Module, *inputs: Any) -> int:

@@ -28,11 +28,11 @@ def test_small_steps_take_one_thread_on_any_machine() -> None:
     assert threads.choose(threads.MIN_PARALLEL_MACS - 1, cores=64) == 1
 
 
-def test_large_steps_take_a_thread_per_share_of_work_up_to_half_the_cores() -> None:
+def test_large_steps_take_at_most_two_threads_and_only_from_four_cores() -> None:
     big = 100 * threads.MACS_PER_THREAD
-    assert threads.choose(big, cores=16) == 8
-    assert threads.choose(big, cores=2) == 1  # the other core is left to everything else
-    assert threads.choose(3 * threads.MACS_PER_THREAD, cores=16) == 3
+    assert threads.choose(big, cores=16) == threads.MAX_THREADS == 2
+    assert threads.choose(big, cores=2) == 1  # two would be every core
+    assert threads.choose(threads.MIN_PARALLEL_MACS, cores=16) == 2
 
 
 def test_the_operators_count_wins() -> None:
