@@ -36,7 +36,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, versions, write_result
+from benchmarks.common import RESULTS, ROOT, versions, write_result
 from benchmarks.floor_records import records
 
 __all__ = ["main"]
@@ -204,6 +204,12 @@ def main() -> None:
     )
     parser.add_argument("--pairs", type=int, default=2, help="worker processes per version")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--keep-other-tasks",
+        action="store_true",
+        help="keep the records of other tasks already in the output file (a task measured "
+        "in a run of its own, e.g. FEMNIST with fewer rounds)",
+    )
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
@@ -230,9 +236,18 @@ def main() -> None:
     for rec in final:
         if (rec["task"], rec["party"]) in earlier:
             rec["before"] = earlier[rec["task"], rec["party"]]
+    runs_meta = [{"command": " ".join(sys.argv), "tasks": args.tasks, "rounds": args.rounds}]
+    target = args.out or RESULTS / "floor.json"
+    if args.keep_other_tasks and target.exists():
+        kept = json.loads(target.read_text())
+        final = [r for r in kept["records"] if r["task"] not in args.tasks] + final
+        runs_meta = kept.get("runs", []) + runs_meta
+        for code, ws in kept.get("workers", {}).items():
+            runs.setdefault(code, []).extend(ws)
     path = write_result(
         "floor",
         {
+            "runs": runs_meta,
             "versions": versions("torch", "numpy", "fastapi", "uvicorn", "httpx", "sqlalchemy"),
             "code": args.candidate or _revision(),
             "baseline": args.baseline,
