@@ -70,6 +70,8 @@ bench: $(DEV)
 	$(BIN)/python -m benchmarks.throughput
 	$(BIN)/python -m benchmarks.memory
 	$(BIN)/python -m benchmarks.schedule
+	$(BIN)/python -m benchmarks.floor
+	$(BIN)/python -m benchmarks.threads
 	$(BIN)/python -m benchmarks.report
 
 # Locust, headless, against a party B started on 127.0.0.1 (exit code 1 = SLO missed).

@@ -57,7 +57,7 @@ def one_run(tree: Path, labels: Path, work: Path, args: argparse.Namespace) -> d
                 "--users",
                 str(args.users),
                 "--run-time",
-                f"{args.run_time}s",
+                f"{args.run_time:.0f}s",
                 "--warmup",
                 str(args.warmup),
                 "--max-fail-ratio",
