@@ -210,6 +210,12 @@ def main() -> None:
         help="keep the records of other tasks already in the output file (a task measured "
         "in a run of its own, e.g. FEMNIST with fewer rounds)",
     )
+    parser.add_argument(
+        "--from-workers",
+        type=Path,
+        help="write the result from the worker files (after-N.json, before-N.json) an "
+        "interrupted run left in this directory",
+    )
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
@@ -217,6 +223,15 @@ def main() -> None:
         args.worker.write_text(json.dumps(result))
         return
 
+    if args.from_workers is not None:
+        found_runs = {
+            code: [
+                json.loads(p.read_text()) for p in sorted(args.from_workers.glob(f"{code}-*.json"))
+            ]
+            for code in ("after", "before")
+        }
+        finish({code: ws for code, ws in found_runs.items() if ws}, args)
+        return
     with tempfile.TemporaryDirectory(prefix="fedlite-floor-run-") as tmp:
         trees = {"after": ROOT}
         if args.candidate:
@@ -230,6 +245,11 @@ def main() -> None:
                 out = Path(tmp) / f"{code}-{pair}.json"
                 runs[code].append(run_worker(trees[code], args, out))
                 print(f"worker {code} #{pair} done", flush=True)
+    finish(runs, args)
+
+
+def finish(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> None:
+    """The records of every version's workers, written to floor.json and printed."""
     found = {code: records(merge(ws), ws) for code, ws in runs.items()}
     final = found["after"]
     earlier = {(r["task"], r["party"]): r for r in found.get("before", [])}
