@@ -70,6 +70,8 @@ bench: $(DEV)
 	$(BIN)/python -m benchmarks.throughput
 	$(BIN)/python -m benchmarks.memory
 	$(BIN)/python -m benchmarks.schedule
+	$(BIN)/python -m benchmarks.floor
+	$(BIN)/python -m benchmarks.threads
 	$(BIN)/python -m benchmarks.report
 
 # The GPU path on a machine with a CUDA GPU (docs/PERFORMANCE.md, "On a GPU"), about 3 minutes:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS
+from benchmarks.report_floor import floor_breakdown_table, floor_locust_table, floor_table
 from benchmarks.report_wan import staleness_table, wan_table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md"
@@ -352,6 +353,13 @@ def _mean(runs: list[dict[str, Any]], key: str) -> float:
 def render() -> str:
     out: list[str] = []
     sections = [
+        ("The per-step floor (issue 27)", "floor", floor_table),
+        ("Where a step's time goes (issue 27)", "floor", floor_breakdown_table),
+        (
+            "Small steps under locust, before and after (issue 27)",
+            "floor-locust",
+            floor_locust_table,
+        ),
         ("Quantizer, all libraries on one thread", "quantizer-1thread", quantizer_table),
         ("Quantizer, default threads", "quantizer", quantizer_table),
         ("Codec", "codec", codec_table),

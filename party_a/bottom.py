@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.func import functional_call
 
 from party_a.errors import ProtocolError
-from shared import codec
+from shared import codec, threads
 from shared.correction import correct_gradient
 from shared.devices import to_host
 from shared.models import build_bottom, build_seeded, seed_dropout, takes_tokens
@@ -44,6 +44,7 @@ class PendingStep:
     # pipelining (party_a.loop): the detached copy of the parameters z was computed with;
     # None when z's graph leads to the live parameters (one step in flight)
     stashed: dict[str, Tensor] | None = None
+    threads: int = 1  # the step's intra-op threads (shared.threads), for its backward too
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class BottomTrainer:
         self._quantizer_spec = quantizer
         self._quantizers: dict[int, GroupedProductQuantizer] = {}
         self.frozen: Tensor | None = None  # the serving codebook (R, L, s), see freeze_codebook
+        self._macs_per_sample: int | None = None  # of a training step (shared.threads)
 
     # ------------------------------------------------------------------ training
 
@@ -102,7 +104,24 @@ class BottomTrainer:
         token) for sequence models. ``stash``: forward with a detached copy of the
         parameters (weight stashing), so that this step's gradient is taken at the weights
         that made z even when other steps update the model before its answer arrives.
+        Runs on the step's intra-op threads (``shared.threads``: from its size and the
+        cores, or the operator's ``--torch-threads``).
         """
+        inputs = self._input(x)
+        step_threads = self._threads(inputs)
+        with threads.intra_op(step_threads):
+            pending = self._request(step, inputs, digest, chunk_sizes, stash)
+        pending.threads = step_threads
+        return pending
+
+    def _request(
+        self,
+        step: int,
+        inputs: Tensor,
+        digest: bytes,
+        chunk_sizes: Sequence[int] | None,
+        stash: bool,
+    ) -> PendingStep:
         self.model.train()
         seed_dropout(self.model, step_seed(self.seed, step, "dropout-bottom"))
         stashed = None
@@ -111,10 +130,10 @@ class BottomTrainer:
                 name: p.detach().clone().requires_grad_(p.requires_grad)
                 for name, p in self.model.named_parameters()
             }
-            z = functional_call(self.model, stashed, (self._input(x),))
+            z = functional_call(self.model, stashed, (inputs,))
         else:
-            z = self.model(self._input(x))  # (rows, d)
-        per_sample = int(z.shape[0]) // max(len(x), 1)
+            z = self.model(inputs)  # (rows, d)
+        per_sample = int(z.shape[0]) // max(len(inputs), 1)
         sizes = [per_sample * b for b in chunk_sizes] if chunk_sizes else None
         chunks, z_tilde = self._compress(z, step, "kmeans", sizes)
         body = codec.encode_step_request(
@@ -129,6 +148,10 @@ class BottomTrainer:
 
     def apply(self, pending: PendingStep, response: bytes) -> StepResult:
         """Decode party B's answer, correct the gradient and update the bottom model."""
+        with threads.intra_op(pending.threads):
+            return self._apply(pending, response)
+
+    def _apply(self, pending: PendingStep, response: bytes) -> StepResult:
         try:
             answer = codec.decode_step_response(response)
         except codec.CodecError as exc:
@@ -220,6 +243,12 @@ class BottomTrainer:
         self.optimizer.load_state_dict(state_from_bytes(optimizer_state))
 
     # ------------------------------------------------------------------ internals
+
+    def _threads(self, inputs: Tensor) -> int:
+        """Intra-op threads of a training step on ``inputs`` (a batch of samples)."""
+        if self._macs_per_sample is None:
+            self._macs_per_sample = threads.macs_per_sample(self.model, inputs[:1])
+        return threads.choose(self._macs_per_sample * len(inputs))
 
     def _input(self, x: np.ndarray) -> Tensor:
         t = torch.from_numpy(np.ascontiguousarray(x))

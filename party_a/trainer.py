@@ -96,6 +96,7 @@ class PartyATrainer:
         self.batches: BatchSchedule | None = None  # None when serving from a serving table
         self.schedule_version = SCHEDULE_VERSION  # the run's, as party B recorded it
         self._remote: RunOut | None = None  # party B as prepare() last saw it
+        self._unlogged: list[LocalStep] = []  # step-log rows since the last checkpoint
 
     # ================================================================== set-up
 
@@ -301,7 +302,10 @@ class PartyATrainer:
         )
         started = time.perf_counter()
         settings = LoopSettings(run.steps, run.pipeline_depth, run.checkpoint_interval)
-        run_steps(self, settings, summary, self.on_step)
+        try:
+            run_steps(self, settings, summary, self.on_step)
+        finally:
+            self.flush_steps()
         summary.seconds = time.perf_counter() - started
         self.view().freeze_codebook()
         return summary
@@ -337,8 +341,15 @@ class PartyATrainer:
         return _raw_request_bytes(self.cut_dim, chunk_sizes)
 
     def commit(self, record: StepRecord) -> None:
+        """Log the step; at the run's checkpoint steps, write the checkpoint with the rows
+        logged since the last one, in one transaction.
+
+        The rows wait in memory until then (or until training stops, ``flush_steps``): a
+        restart drops every row past the newest checkpoint anyway (``_restore``), so one
+        written per step bought nothing but a transaction per step (~1 ms of party A's
+        ~3 ms demo step under load; docs/PERFORMANCE.md, "The floor")."""
         assert self.local is not None
-        self.store.log_step(
+        self._unlogged.append(
             LocalStep(
                 run_id=self.local.id,
                 step=record.step,
@@ -353,8 +364,20 @@ class PartyATrainer:
         if record.step % run.checkpoint_interval == 0 or record.step == run.steps:
             model_state, optimizer_state = self.bottom.state()
             self.store.save_checkpoint(
-                self.local.id, record.step, model_state, optimizer_state, keep=CHECKPOINTS_KEPT
+                self.local.id,
+                record.step,
+                model_state,
+                optimizer_state,
+                keep=CHECKPOINTS_KEPT,
+                steps=self._unlogged,
             )
+            self._unlogged = []
+
+    def flush_steps(self) -> None:
+        """Write the step-log rows logged since the last checkpoint."""
+        if self._unlogged:
+            self.store.log_steps(self._unlogged)
+            self._unlogged = []
 
     def reconcile(self) -> bool:
         assert self.local is not None
@@ -373,6 +396,8 @@ class PartyATrainer:
         if target is None:
             return False
         self.step = target
+        # the rolled-back steps' rows are gone from the store (forget_after): and from here
+        self._unlogged = [row for row in self._unlogged if row.step <= target]
         return True
 
     # ================================================================== serving
@@ -409,6 +434,7 @@ class PartyATrainer:
 
     def close(self) -> None:
         """Close the transport (if it has connections) and the local database."""
+        self.flush_steps()
         close = getattr(self.transport, "close", None)
         if close is not None:
             close()

@@ -22,6 +22,7 @@ from sklearn.metrics import roc_auc_score
 from torch import Tensor
 
 from party_b.device import compute_device
+from shared import threads
 from shared.devices import to_host
 from shared.models import build_seeded, build_top, seed_dropout
 from shared.training import make_optimizer, state_from_bytes, state_to_bytes
@@ -89,6 +90,9 @@ class TopTrainer:
             self.device
         )
         self._computed = False  # compute_step ran and apply_step has not yet
+        # intra-op threads of a step: from its multiply-adds (shared.threads), counted once
+        self._macs_per_row: int | None = None
+        self._step_threads = 1
 
     # ------------------------------------------------------------------ training
 
@@ -107,9 +111,17 @@ class TopTrainer:
 
         Leaves the parameters' gradients for ``apply_step`` and changes nothing else: not the
         parameters, not the optimizer's state (the model has no buffers). Raises
-        ``DivergedError`` for a non-finite loss or gradient.
+        ``DivergedError`` for a non-finite loss or gradient. Runs on the step's intra-op
+        threads (``shared.threads``: from its size and the cores, or the operator's).
         """
         self._computed = False
+        self._step_threads = self._threads(z_tilde, side)
+        with threads.intra_op(self._step_threads):
+            return self._compute(z_tilde, targets, side, dropout_seed)
+
+    def _compute(
+        self, z_tilde: Tensor, targets: Tensor, side: Tensor | None, dropout_seed: int
+    ) -> StepOutcome:
         self.model.train()
         seed_dropout(self.model, dropout_seed)
         z = z_tilde.detach().to(self.device).requires_grad_(True)
@@ -132,7 +144,8 @@ class TopTrainer:
         if not self._computed:
             raise RuntimeError("apply_step without a compute_step before it")
         self._computed = False
-        self.optimizer.step()
+        with threads.intra_op(self._step_threads):
+            self.optimizer.step()
 
     # ------------------------------------------------------------------ serving
 
@@ -172,6 +185,13 @@ class TopTrainer:
         self.optimizer.load_state_dict(state_from_bytes(optimizer_state))
 
     # ------------------------------------------------------------------ internals
+
+    def _threads(self, z_tilde: Tensor, side: Tensor | None) -> int:
+        """Intra-op threads of a training step on these activations (rows, d)."""
+        if self._macs_per_row is None:
+            one, one_side = self._on_device(z_tilde[:1], None if side is None else side[:1])
+            self._macs_per_row = threads.macs_per_sample(self.model, one, one_side)
+        return threads.choose(self._macs_per_row * int(z_tilde.shape[0]))
 
     def _logits(self, z_tilde: Tensor, side: Tensor | None) -> Tensor:
         """Forward in eval mode; raises ``OutputNotFinite`` when the outputs overflow."""

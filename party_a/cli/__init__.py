@@ -17,7 +17,8 @@ The token may come from FEDLITE_A_TOKEN and the server from FEDLITE_A_SERVER ins
 (keeps the secret out of the process list); any other FEDLITE_A_* variable is an error.
 Party A's state (checkpoints, step log) lives in ``--state-dir`` (default FEDLITE_A_STATE_DIR,
 else ./fedlite-a-state); ``train`` creates or resumes a run there, ``evaluate``, ``predict``
-and ``finish`` only use one that ``train`` made. Global flags (-v, --version) go anywhere.
+and ``finish`` only use one that ``train`` made. Global flags (-v, --version,
+--torch-threads N) go anywhere.
 
 Exit codes: 0 done; 1 party B refused or could not be reached; 2 a configuration or usage
 error (bad flag, URL, certificate, config file, unknown run), which retrying will not fix.
@@ -44,6 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
     try:
         check_environment(os.environ)
+        if args.torch_threads is not None:
+            from shared import threads  # imports torch: only when asked
+
+            threads.pin(args.torch_threads)  # the operator's count wins (shared.threads)
         code: int = args.func(args)
     except ConfigError as exc:
         print(f"fedlite-a {args.command}: {exc}", file=sys.stderr)

@@ -99,7 +99,21 @@ def _global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
         default=False if top else argparse.SUPPRESS,
         help="log retries and recovery",
     )
+    parser.add_argument(
+        "--torch-threads",
+        type=_threads,
+        metavar="N",
+        default=None if top else argparse.SUPPRESS,
+        help="intra-op threads of party A's steps (default: chosen from the bottom model's "
+        "size and the cores)",
+    )
     parser.add_argument("--version", action="version", version=f"fedlite-a {_version()}")
+
+
+def _threads(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a thread count is an integer >= 1, got {text!r}")
+    return int(text)
 
 
 def _version() -> str:

@@ -50,14 +50,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if settings.database_url is None:
         create_private_database(settings.resolved_database_url())
 
-    import torch
     import uvicorn
 
     from party_b.api import create_app
     from party_b.device import use_device
+    from shared import threads
 
     if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
+        threads.pin(settings.torch_threads)  # every run's steps then take it (shared.threads)
     use_device(settings.device)  # before any run loads: StartupError naming the fix
     app = create_app(settings)
     engine = make_engine(settings.resolved_database_url())
@@ -223,7 +223,12 @@ def _serve_parser(sub: Any) -> None:
         help="label privacy of new runs: 'recommended' (docs/PRIVACY.md), 'off' (default), "
         "optionally with overrides, e.g. 'recommended,metrics=none'",
     )
-    serve.add_argument("--torch-threads", type=int, help="intra-op threads for torch")
+    serve.add_argument(
+        "--torch-threads",
+        type=int,
+        help="intra-op threads of every step (default: chosen per run from its top model's "
+        "size and the cores, shared/threads.py)",
+    )
     serve.add_argument(
         "--device", help="where the top models compute: cpu (default), cuda, cuda:N or auto"
     )
