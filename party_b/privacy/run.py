@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
-from party_b.privacy.defences import perturb_gradient, randomized_labels, visible_metrics
+from party_b.privacy.defences import perturb_gradient, visible_metrics
+from party_b.privacy.label_dp import run_targets
 from party_b.privacy.policy import PrivacyPolicy
 from party_b.top import StepOutcome, TopTrainer
 
@@ -38,7 +39,8 @@ class RunPrivacy:
         return int.from_bytes(digest[:8], "big") >> 1
 
 
-OFF = RunPrivacy(PrivacyPolicy(), b"")  # runs stored before policies: nothing to draw
+# runs stored before policies: nothing to draw, and predict answers for every id, as it did
+OFF = RunPrivacy(PrivacyPolicy(predict_train_ids=True), b"")
 
 
 def protected_step(
@@ -62,14 +64,7 @@ def protected_step(
     raises, before anything changes.
     """
     policy = privacy.policy
-    if policy.label_epsilon is not None:
-        targets = randomized_labels(
-            targets,
-            rows,
-            epsilon=policy.label_epsilon,
-            num_classes=num_classes,
-            seed=privacy.seed(0, "label-dp"),
-        )
+    targets = run_targets(privacy, targets, rows, num_classes)
     outcome = trainer.compute_step(z_tilde, targets, side, dropout_seed=dropout_seed)
     grad = perturb_gradient(
         outcome.grad, policy, seed=privacy.seed(step, "gradient-noise"), labels=targets

@@ -14,6 +14,7 @@ from party_b import store
 from party_b.errors import ProblemError
 from party_b.labels import LabelSource
 from party_b.privacy import PrivacyPolicy
+from party_b.privacy.accounting import charge
 from party_b.privacy.run import RunPrivacy
 from party_b.service.admission import Admission
 from party_b.service.cache import RunCache
@@ -89,6 +90,8 @@ class Runs:
             store.add_run(session, run, idempotency_key)
             privacy = RunPrivacy.new(self._privacy)
             store.add_run_privacy(session, run.id, privacy.policy.to_stored(), privacy.secret)
+            # the run's label-DP epsilon, against the token's budget: 403 and nothing stored
+            charge(session, owner_id=caller.token_id, run_id=run.id, policy=privacy.policy)
             try:
                 session.commit()
             except IntegrityError:  # the same key arrived twice at once: the other one won

@@ -16,6 +16,8 @@ from party_b import store
 from party_b.errors import ProblemError
 from party_b.labels import LabelSource
 from party_b.metrics import Metrics
+from party_b.privacy.label_dp import run_targets
+from party_b.privacy.serving import refuse_training_ids
 from party_b.service import wire
 from party_b.service.cache import RunCache
 from party_b.service.loader import key_index
@@ -68,10 +70,12 @@ class Serving:
                 allow_raw=True,
             )
             rows = state.label_rows[positions]
+            # under label DP the run's randomized labels: the reply is post-processing of them
+            targets = run_targets(
+                state.privacy, self._labels.targets(rows), rows, self._labels.num_outputs
+            )
             with _out_of_range():
-                outcome = state.trainer.evaluate(
-                    z_tilde, self._labels.targets(rows), self._side(state, rows)
-                )
+                outcome = state.trainer.evaluate(z_tilde, targets, self._side(state, rows))
             # "eval+raw": the same samples, sent unquantized (z, not z~)
             logged_split = split if wire.is_quantized(request.chunks) else f"{split}+raw"
             with self._sessions() as session:
@@ -101,6 +105,7 @@ class Serving:
                 f"{state.rows_per_sample} activation rows per sample (one per token)"
             )
         request = wire.decode(codec.decode_predict_request, body, self._decode_limits)
+        refuse_training_ids(state, request.ids)  # 403 unless the run's policy allows them
         side: Tensor | None = None
         with state.lock:
             if state.config.use_side_features and state.trainer.model.side_features:
