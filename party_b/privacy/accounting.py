@@ -54,11 +54,12 @@ class Spent:
         }
 
 
-def spent(session: Session, owner_id: int) -> Spent:
+def spent(session: Session, owner_id: int, *, creating: str | None = None) -> Spent:
     """What the token's runs have spent; runs created before the ledger existed count by the
-    policy stored with them (none stored: they trained as off, unbounded)."""
+    policy stored with them (none stored: they trained as off, unbounded). ``creating``: a
+    run added in this session and not yet charged, left out."""
     epsilons: list[float | None] = [row.epsilon for row in store.ledger_of(session, owner_id)]
-    for _run_id, stored in store.runs_before_ledger(session, owner_id):
+    for _run_id, stored in store.runs_before_ledger(session, owner_id, exclude=creating):
         epsilons.append(PrivacyPolicy.from_stored(stored).epsilon if stored else None)
     bounded = [e for e in epsilons if e is not None]
     return Spent(
@@ -72,7 +73,7 @@ def spent(session: Session, owner_id: int) -> Spent:
 def charge(session: Session, *, owner_id: int, run_id: str, policy: PrivacyPolicy) -> None:
     """Record the spend of a run being created in this session (before its commit), or
     raise ``privacy-budget-exceeded`` (403) when it would take the token past its budget."""
-    before = spent(session, owner_id)
+    before = spent(session, owner_id, creating=run_id)
     cost = policy.epsilon
     if before.budget is not None:
         after = before.epsilon + cost if cost is not None else math.inf

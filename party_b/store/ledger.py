@@ -42,16 +42,19 @@ def ledger_of(session: Session, owner_id: int) -> Sequence[PrivacyLedger]:
 
 
 def runs_before_ledger(
-    session: Session, owner_id: int
+    session: Session, owner_id: int, *, exclude: str | None = None
 ) -> Sequence[tuple[str, dict[str, object] | None]]:
     """(run id, stored policy or None) of the token's runs that have no ledger row: runs
-    created before the ledger existed (their spend is read off their stored policy)."""
+    created before the ledger existed (their spend is read off their stored policy), but
+    not ``exclude`` (a run being created in this session, not yet charged)."""
     query = (
         select(Run.id, RunPrivacy.policy)
         .outerjoin(RunPrivacy, RunPrivacy.run_id == Run.id)
         .outerjoin(PrivacyLedger, PrivacyLedger.run_id == Run.id)
         .where(Run.owner_id == owner_id, PrivacyLedger.run_id.is_(None))
     )
+    if exclude is not None:
+        query = query.where(Run.id != exclude)
     return [(run_id, policy) for run_id, policy in session.execute(query).all()]
 
 
