@@ -47,11 +47,17 @@ BASE = {
 SEEDS = (0, 1, 2, 3, 4)  # party A's seed (model, batches, canaries); party B has its secret
 DEFAULT = DEFAULT_PRESET  # what a party B started without FEDLITE_B_PRIVACY gives new runs
 EPSILONS = (0.2, 0.7, 1.0, 2.0, 4.0)  # label DP besides the default's (the epsilon curve)
+PRIOR = 0.3  # RRWithPrior's held-aside share (party_b.privacy.prior), at these epsilons:
+PRIOR_EPSILONS = (None, 1.0, 2.0)  # None: the default's
 GRID: tuple[str, ...] = (
     "off",
     "recommended",  # Marvell, the empirical defence label DP replaces as the default
     DEFAULT,
     *(f"{DEFAULT},label_epsilon={e:g}" for e in EPSILONS),
+    *(
+        f"{DEFAULT}{'' if e is None else f',label_epsilon={e:g}'},prior_fraction={PRIOR:g}"
+        for e in PRIOR_EPSILONS
+    ),
 )
 CURVE_POINTS = 6  # held-out evaluations along the honest off and default runs
 # per attack, per run: the AUCs an attack gets (attacks.AttackResult), by sign rule

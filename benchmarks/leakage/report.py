@@ -144,11 +144,12 @@ def per_attack(doc: dict[str, Any]) -> list[str]:
 
 
 def curve_points(doc: dict[str, Any], task: str) -> list[tuple[float, dict[str, Any]]]:
-    """(epsilon, best record) of the task's label-DP settings, and ``off`` at infinity."""
+    """(epsilon, best record) of the task's randomized-response settings (RRWithPrior's
+    aside), and ``off`` at infinity."""
     points = []
-    for (t, _defence), attacks in _settings(doc).items():
+    for (t, defence), attacks in _settings(doc).items():
         best = attacks["best"]
-        if t != task:
+        if t != task or "prior_fraction" in defence:
             continue
         if best["epsilon"] is not None:
             points.append((float(best["epsilon"]), best))

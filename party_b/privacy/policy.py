@@ -52,6 +52,10 @@ Fields (docs/PRIVACY.md measures what each costs):
   evaluation and the logs then see only the randomized labels, so everything party A
   receives is eps-label-DP (``party_b.privacy.label_dp``; docs/PRIVACY.md states the
   guarantee).
+- ``prior_fraction``: RRWithPrior (Ghazi et al. 2021) instead of plain randomized response
+  for all but this share of the rows, which are held aside, get plain randomized response,
+  and give the others their prior: a regression of their randomized labels on party B's own
+  feature columns (``party_b.privacy.prior``). The same epsilon; measured in docs/PRIVACY.md.
 - ``predict_train_ids``: whether ``predict`` answers for ids of the run's training split.
   Unset (the default) means: yes under label DP, whose guarantee covers the model's outputs
   (post-processing), no otherwise (the scores of a model on the rows it was trained on are
@@ -81,6 +85,7 @@ class PrivacyPolicy:
     marvell: float = 0.0  # Marvell's power budget, in units of ||m_1 - m_0||^2; 0 = none
     centred: bool = False  # the noise sums to zero over the batch
     label_epsilon: float | None = None  # randomized response; None = labels as they are
+    prior_fraction: float = 0.0  # RRWithPrior: share of rows held aside for its prior; 0 = RR
     predict_train_ids: bool | None = None  # None: allowed exactly under label DP
 
     def __post_init__(self) -> None:
@@ -99,6 +104,11 @@ class PrivacyPolicy:
         eps = self.label_epsilon
         if eps is not None and not (math.isfinite(eps) and eps > 0):
             raise ValueError(f"label_epsilon must be a finite number > 0, not {eps!r}")
+        fraction = self.prior_fraction
+        if not (math.isfinite(fraction) and 0 <= fraction < 1):
+            raise ValueError(f"prior_fraction must be a number from 0 to below 1, not {fraction!r}")
+        if fraction and eps is None:
+            raise ValueError("prior_fraction (RRWithPrior) needs label_epsilon")
         if self.predict_train_ids not in (None, True, False):
             raise ValueError(
                 f"predict_train_ids is true, false or unset, not {self.predict_train_ids!r}"
@@ -170,6 +180,8 @@ class PrivacyPolicy:
             parts.append("centred=true")
         if self.label_epsilon is not None:
             parts.append(f"label_epsilon={self.label_epsilon:g}")
+        if self.prior_fraction:
+            parts.append(f"prior_fraction={self.prior_fraction:g}")
         if self.predict_train_ids is not None:
             parts.append(f"predict_train_ids={str(self.predict_train_ids).lower()}")
         return ",".join(parts)

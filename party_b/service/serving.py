@@ -71,8 +71,9 @@ class Serving:
             )
             rows = state.label_rows[positions]
             # under label DP the run's randomized labels: the reply is post-processing of them
+            labels = self._labels
             targets = run_targets(
-                state.privacy, self._labels.targets(rows), rows, self._labels.num_outputs
+                state.privacy, labels.targets(rows), rows, labels.num_outputs, labels
             )
             with _out_of_range():
                 outcome = state.trainer.evaluate(z_tilde, targets, self._side(state, rows))

@@ -201,6 +201,7 @@ class Steps:
                 step=request.step,
                 dropout_seed=step_seed(state.config.seed, request.step, "dropout-top"),
                 privacy=state.privacy,
+                labels=self._labels,
             )
         except DivergedError as exc:
             raise ProblemError(

@@ -447,3 +447,55 @@ def test_label_derived_series_are_the_operators_opt_in(tmp_path: Path) -> None:
 
     assert f'fedlite_b_run_loss{{name="secret-run-name",owner="tester",run_id="{run.id}"}}' in text
     assert 'fedlite_b_run_eval_metric{metric="accuracy"' in text
+
+
+# ------------------------------------------------------------------ RRWithPrior
+
+
+def test_rr_with_prior_is_eps_dp_for_any_prior_and_follows_a_confident_one() -> None:
+    from party_b.privacy.prior import rr_with_prior
+
+    rng = np.random.default_rng(5)
+    n, epsilon = 200_000, 0.7
+    draws = (rng.random(n), rng.random(n))
+    for prior_row in ([0.5, 0.3, 0.15, 0.05], [0.97, 0.01, 0.01, 0.01], [0.25] * 4):
+        prior = np.tile(prior_row, (n, 1))
+        # each true label's output distribution, from the same draws
+        outputs = [
+            np.bincount(rr_with_prior(np.full(n, y), prior, draws, epsilon), minlength=4) / n
+            for y in range(4)
+        ]
+        for a in outputs:
+            for b in outputs:
+                shown = (a > 0) | (b > 0)
+                assert np.all(a[shown] <= math.exp(epsilon) * b[shown] * 1.05 + 1e-3)
+    # a prior sure of class 0: every label comes out 0 (k = 1: nothing left to randomize)
+    sure = np.tile([0.97, 0.01, 0.01, 0.01], (n, 1))
+    assert set(np.unique(rr_with_prior(rng.integers(0, 4, n), sure, draws, epsilon))) == {0}
+
+
+def test_rr_with_prior_runs_draw_the_same_labels_after_a_restart(tmp_path: Path) -> None:
+    from party_b.privacy import prior
+
+    party_b = small_party_b(tmp_path)
+    policy = parse_policy("protected,label_epsilon=2,prior_fraction=0.3")
+    service = party_b.service(policy)
+    run = aligned_in_process(service, party_b.caller)
+    state = service.cache.owned(party_b.caller, run.id)
+    rows = np.arange(64)
+    first = run_targets(state.privacy, service.labels.targets(rows), rows, 2, service.labels)
+    answer = service.step(party_b.caller, run.id, run.step_body(1))
+
+    prior._CACHE.clear()  # a restarted party B fits the prior again
+    restarted = party_b.service(PROTECTED)
+    again_state = restarted.cache.owned(party_b.caller, run.id)
+    again = run_targets(
+        again_state.privacy, restarted.labels.targets(rows), rows, 2, restarted.labels
+    )
+    restarted.resume(party_b.caller, run.id, 0)
+    assert torch.equal(first, again)
+    assert restarted.step(party_b.caller, run.id, run.step_body(1)) == answer
+    with pytest.raises(ValueError, match="needs label_epsilon"):
+        parse_policy("prior_fraction=0.3")
+    with pytest.raises(ValueError, match="from 0 to below 1"):
+        parse_policy("protected,prior_fraction=1")
