@@ -49,6 +49,16 @@ def test_the_attacks_read_an_undefended_run_and_the_default_policy_shows_party_a
     assert {k for m in protected.metrics for k in m} == {"n"}
     assert all(np.isnan(loss) for loss in protected.losses)
     assert sum(probing.probe) == SHORT.steps // 2 and not any(protected.probe)
+    # the active probe reads the labels party B trained on, the randomized ones, exactly:
+    # it is stopped by the randomization, not by any weakness of its own
+    from benchmarks.leakage.attacks import _chained, _Run
+
+    run = _Run(probing)
+    probed = _chained(run, [i for i, p in enumerate(probing.probe) if p])
+    seen = np.isfinite(probed)
+    agreement = roc_auc_score(probing.randomized[seen], probed[seen])
+    assert max(agreement, 1 - agreement) > 0.99
+    assert not np.array_equal(probing.randomized, probing.labels)
     # predict scores the training rows under label DP, and needs held-out ids without it
     assert (protected.predict_ids, off.predict_ids) == ("train", "eval")
     assert protected.canary.sum() == off.canary.sum() > 0  # the same canaries, by seed

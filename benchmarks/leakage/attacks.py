@@ -139,6 +139,7 @@ class _Run:
             self.predicted[self.train] = rec.predict_scores
         self.grads = [g.astype(np.float64) for g in rec.grads]
         self.probe = rec.probe if rec.probe else [False] * len(rec.grads)
+        self.neighbours: dict[bytes, NDArray[np.int64]] = {}  # rows -> their 10 neighbours
 
     def batch_sign(self, rows: NDArray[np.int64], scores: Scores, rule: str) -> float:
         """The sign a per-batch score gets under ``rule`` (oracle: from the batch's ordinary
@@ -253,12 +254,16 @@ def _loss(run: _Run, steps: list[int]) -> Scores | None:
 
 
 def _smoothed(run: _Run, scores: Scores) -> Scores:
-    """Each training row's score averaged with its nearest neighbours' in party A's features."""
+    """Each training row's score averaged with its nearest neighbours' in party A's features
+    (the neighbours among the rows that have a score; found once per set of rows)."""
     rows = run.train[np.isfinite(scores[run.train])]
-    finder = NearestNeighbors(n_neighbors=min(NEIGHBOURS, len(rows))).fit(run.rec.features[rows])
-    _, neighbours = finder.kneighbors(run.rec.features[rows])
+    key = rows.tobytes()
+    if key not in run.neighbours:
+        finder = NearestNeighbors(n_neighbors=min(NEIGHBOURS, len(rows)))
+        finder.fit(run.rec.features[rows])
+        run.neighbours[key] = finder.kneighbors(run.rec.features[rows])[1]
     out = np.full(run.n, np.nan)
-    out[rows] = scores[rows][neighbours].mean(axis=1)
+    out[rows] = scores[rows][run.neighbours[key]].mean(axis=1)
     return out
 
 

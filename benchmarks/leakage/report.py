@@ -235,6 +235,7 @@ def figure(doc: dict[str, Any]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     import numpy as np
 
     tasks = list(dict.fromkeys(r["task"] for r in doc["records"]))
@@ -273,6 +274,8 @@ def figure(doc: dict[str, Any]) -> None:
         cost.axhline(TARGET_COST, color="grey", linestyle=":", linewidth=1)
         for ax in (leak, cost):
             ax.set_xscale("log")
+            ax.set_xticks(eps, [f"{e:g}" for e in eps])
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
             ax.set_xlabel("label-DP ε per run (vertical line: the default)")
         leak.set_ylabel("attack AUC (oracle sign)")
         cost.set_ylabel("model AUC cost (vs off, same seed)")

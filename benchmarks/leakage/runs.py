@@ -40,6 +40,7 @@ from party_a.trainer import PartyATrainer, TrainSummary
 from party_b.inprocess import InProcessTransport, in_process_party_b
 from party_b.labels import LabelTable
 from party_b.privacy import parse_policy
+from party_b.privacy.label_dp import run_targets
 from party_b.service import wire
 from shared import codec
 from shared.schedule import step_seed
@@ -97,7 +98,10 @@ class Recorded:
     features: NDArray[np.float32] = field(default_factory=lambda: np.zeros((0, 0), np.float32))
     predict_scores: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     predict_ids: str = ""  # which ids carried predict's requests: "train" or "eval"
-    labels: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))  # bench
+    # bench only: the labels of every aligned row (canaries' coin flips included), and the
+    # ones party B trained on (randomized under label DP)
+    labels: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    randomized: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))  # bench
     canary: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))  # bench
     model_auc: float = float("nan")  # held-out AUC on the true labels, computed at party B
     downlink_bytes: int = 0
@@ -259,6 +263,12 @@ def train_recorded(run: LeakRun, workdir: Path) -> Recorded:
         trainer.evaluate()
         recorded.model_auc = transport.true_auc
         recorded.auc_curve.append((run.steps, recorded.model_auc))
+        # the labels party B trained on (randomized under label DP), to check attacks against
+        rows = state.label_rows
+        trained_on = run_targets(
+            state.privacy, labels.targets(rows), rows, labels.num_outputs, labels
+        )
+        recorded.randomized = trained_on.numpy().astype(np.int64)
         _predict_scores(trainer, recorded)
         trainer.finish()
     finally:

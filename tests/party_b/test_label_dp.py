@@ -499,3 +499,21 @@ def test_rr_with_prior_runs_draw_the_same_labels_after_a_restart(tmp_path: Path)
         parse_policy("prior_fraction=0.3")
     with pytest.raises(ValueError, match="from 0 to below 1"):
         parse_policy("protected,prior_fraction=1")
+
+
+def test_the_dashboards_run_view_shows_the_runs_epsilon_and_its_tokens_spend(
+    tmp_path: Path,
+) -> None:
+    settings = _settings(tmp_path, dashboard_token=OPERATOR)  # the default policy
+    operator = {"Authorization": f"Bearer {OPERATOR}"}
+    with (
+        live_server(create_app(settings)) as url,
+        httpx.Client(base_url=url, headers=AUTH, timeout=60) as client,
+    ):
+        first = aligned_run(client)
+        aligned_run(client)
+        report = httpx.get(f"{url}/dashboard/api/runs/{first.id}", headers=operator).json()
+
+    assert report["privacy"]["privacy"]["epsilon"] == 0.4
+    assert report["privacy"]["privacy"]["policy"] == "metrics=none,label_epsilon=0.4"
+    assert report["privacy"]["owner_privacy"]["epsilon_spent"] == pytest.approx(0.8)
