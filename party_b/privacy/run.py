@@ -51,23 +51,21 @@ def protected_step(
     side: Tensor | None,
     *,
     rows: np.ndarray,
-    num_classes: int,
+    labels: LabelSource,
     step: int,
     dropout_seed: int,
     privacy: RunPrivacy,
-    labels: LabelSource | None = None,
 ) -> tuple[StepOutcome, StepOutcome]:
     """``compute_step`` under the run's policy: (outcome, reply).
 
-    ``rows`` (n,): the batch's rows in party B's label source (randomized response draws once
-    per row); ``num_classes``: C of a classification run. ``outcome`` is what party B logs
-    (its loss is on the labels it trained on); ``reply`` holds the perturbed (rows, d)
-    gradient and only the loss and metrics party A may see; ``labels``: party B's label
-    source (RRWithPrior fits its prior on it). Raises what ``compute_step`` raises, before
-    anything changes.
+    ``rows`` (n,): the batch's rows in ``labels``, party B's label source (randomized
+    response draws once per row; RRWithPrior fits its prior on the source). ``outcome`` is
+    what party B logs (its loss is on the labels it trained on); ``reply`` holds the
+    perturbed (rows, d) gradient and only the loss and metrics party A may see. Raises what
+    ``compute_step`` raises, before anything changes.
     """
     policy = privacy.policy
-    targets = run_targets(privacy, targets, rows, num_classes, labels)
+    targets = run_targets(privacy, targets, rows, labels.num_outputs, labels)
     outcome = trainer.compute_step(z_tilde, targets, side, dropout_seed=dropout_seed)
     grad = perturb_gradient(
         outcome.grad, policy, seed=privacy.seed(step, "gradient-noise"), labels=targets

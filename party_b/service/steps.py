@@ -197,11 +197,10 @@ class Steps:
                 self._labels.targets(rows),
                 side,
                 rows=rows,
-                num_classes=self._labels.num_outputs,
+                labels=self._labels,
                 step=request.step,
                 dropout_seed=step_seed(state.config.seed, request.step, "dropout-top"),
                 privacy=state.privacy,
-                labels=self._labels,
             )
         except DivergedError as exc:
             raise ProblemError(
