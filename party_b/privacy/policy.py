@@ -11,7 +11,8 @@ The switch is a preset name, optionally followed by ``key=value`` overrides::
     protected                             the default: label DP at the measured epsilon,
                                           no loss or accuracy in step replies
     protected,label_epsilon=2             the same at another epsilon
-    off                                   nothing hidden (the protocol before policies)
+    off                                   nothing hidden in replies (predict still refuses
+                                          training ids: predict_train_ids=true allows them)
     recommended                           Marvell's gradient noise (no formal guarantee)
     metrics=loss,max_norm=true,noise=0.5  from ``off``, field by field
 
