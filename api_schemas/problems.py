@@ -38,6 +38,8 @@ class ProblemType(StrEnum):
     TRAINING_DIVERGED = _PREFIX + "training-diverged"  # NaN/Inf loss; step not applied
     UNKNOWN_IDS = _PREFIX + "unknown-ids"  # prediction ids party B does not hold
     IDEMPOTENCY_KEY_REUSED = _PREFIX + "idempotency-key-reused"  # same key, other body
+    PRIVACY_BUDGET_EXCEEDED = _PREFIX + "privacy-budget-exceeded"  # token's label-DP budget
+    PRIVACY_REFUSED = _PREFIX + "privacy-refused"  # the run's privacy policy forbids it
     INTERNAL = _PREFIX + "internal"  # a bug or damaged state on party B's side, never input
     UNAVAILABLE = _PREFIX + "unavailable"  # draining, starting or without its database: retry
 
@@ -67,6 +69,8 @@ PROBLEMS: dict[ProblemType, ProblemKind] = {
     ProblemType.TRAINING_DIVERGED: ProblemKind(422, "Training diverged"),
     ProblemType.UNKNOWN_IDS: ProblemKind(422, "Unknown ids"),
     ProblemType.IDEMPOTENCY_KEY_REUSED: ProblemKind(422, "Idempotency key reused"),
+    ProblemType.PRIVACY_BUDGET_EXCEEDED: ProblemKind(403, "Privacy budget exceeded"),
+    ProblemType.PRIVACY_REFUSED: ProblemKind(403, "Refused by the run's privacy policy"),
     ProblemType.INTERNAL: ProblemKind(500, "Internal error"),
     ProblemType.UNAVAILABLE: ProblemKind(503, "Service unavailable"),
 }

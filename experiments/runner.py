@@ -217,6 +217,9 @@ def http_party_b(config: RunConfig, workdir: Path) -> Iterator[str]:
         "--worker-threads", "1",
         "--device", config.device,
         "--log-level", "warning",
+        # the experiments measure the protocol undefended, as the in-process party B runs it
+        # (docs/PRIVACY.md measures the privacy policies)
+        "--privacy", "off",
     ]  # fmt: skip
     log_path = workdir / "party_b.log"
     url = f"http://127.0.0.1:{port}"

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from party_b.privacy.policy import PrivacyPolicy, parse_policy
+from party_b.privacy.policy import DEFAULT_PRESET, PrivacyPolicy, parse_policy
 
 __all__ = [
     "MIN_DASHBOARD_TOKEN",
@@ -119,10 +119,17 @@ class Settings(BaseSettings):
         "checks and metrics scrapes; all; off",
     )
     privacy: str = Field(
-        default="off",
-        description="label privacy of new runs (docs/PRIVACY.md): 'recommended', 'off', or "
-        "either followed by overrides, e.g. 'recommended,metrics=none'; each run keeps the "
-        "policy it was created with",
+        default=DEFAULT_PRESET,
+        description="label privacy of new runs (docs/PRIVACY.md): 'protected' (the default: "
+        "label differential privacy), 'off' (logged as the operator's choice), "
+        "'recommended' (Marvell's noise), each optionally followed by overrides, e.g. "
+        "'protected,label_epsilon=2'; each run keeps the policy it was created with",
+    )
+    metrics_label_series: bool = Field(
+        default=False,
+        description="also export each run's loss, accuracy and evaluation metrics on /metrics "
+        "(label-derived; off by default). /metrics carries per-run series only for a request "
+        "with the operator's credential (FEDLITE_B_DASHBOARD_TOKEN)",
     )
     limits: Limits = Field(default_factory=Limits)
     dashboard_token: SecretStr | None = Field(

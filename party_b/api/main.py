@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -27,6 +28,7 @@ from party_b.dashboard import RunCollector, install_dashboard
 from party_b.drain import checkpoint_live_runs
 from party_b.labels import LabelSource, load_label_table
 from party_b.metrics import Metrics
+from party_b.privacy import PrivacyPolicy
 from party_b.service import build_service
 from party_b.settings import Settings, parse_token_list
 from party_b.store import make_engine, make_session_factory
@@ -51,7 +53,7 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
         privacy=settings.privacy_policy(),
         step_hold=settings.step_hold_seconds,
     )
-    log.info("label privacy of new runs: %s", service.context.privacy.describe())
+    log_privacy(service.context.privacy, explicit="privacy" in settings.model_fields_set)
     service.runs.recover()  # logs, per training run, the step it resumes from
     lifecycle = Lifecycle(metrics.registry)
 
@@ -81,7 +83,11 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     app.state.limiter = anyio.CapacityLimiter(settings.worker_threads)
     for router in ROUTERS:
         app.include_router(router)
-    metrics.registry.register(RunCollector(service))  # per-run progress on /metrics
+    # per-run series on /metrics, for the operator's credential only (routes/ops.py)
+    app.state.run_registry = CollectorRegistry(auto_describe=True)
+    app.state.run_registry.register(
+        RunCollector(service, label_series=settings.metrics_label_series)
+    )
     install_dashboard(app, settings, service)  # only with FEDLITE_B_DASHBOARD_TOKEN set
     install_problem_handlers(app)
     install_openapi(app)
@@ -92,6 +98,29 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     # Outermost, so that it also counts what BodyLimitMiddleware refuses (route "unmatched").
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
+
+
+def log_privacy(policy: PrivacyPolicy, *, explicit: bool) -> None:
+    """Say at start-up what new runs get; ``off`` is the operator's choice, and logged so."""
+    epsilon = policy.epsilon
+    guarantee = f"label-DP epsilon {epsilon:g} per run" if epsilon is not None else "no bound"
+    log.info(
+        "label privacy of new runs: %s (%s; %s)",
+        policy.describe(),
+        guarantee,
+        "set by FEDLITE_B_PRIVACY / --privacy" if explicit else "the default",
+    )
+    if policy.is_off:
+        log.warning(
+            "label privacy is OFF for new runs, by the operator's choice: party A can read "
+            "party B's labels off the step gradients (docs/PRIVACY.md)"
+        )
+    elif epsilon is None:
+        log.warning(
+            "new runs get no label-DP bound (%s): their protection is empirical only "
+            "(docs/PRIVACY.md)",
+            policy.describe(),
+        )
 
 
 def load_labels(settings: Settings) -> LabelSource:

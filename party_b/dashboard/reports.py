@@ -20,6 +20,7 @@ from party_b import store
 from party_b.dashboard.compression import RawBaseline
 from party_b.dashboard.health import RouteLatency, latency_by_route, memory_bytes
 from party_b.errors import ProblemError
+from party_b.privacy.accounting import run_privacy_json
 from party_b.service import Service
 from party_b.store import overview
 
@@ -114,6 +115,8 @@ class RunReport:
     width: int  # steps per point of the curves
     points: list[Point]
     evaluations: list[dict[str, Any]] = field(default_factory=list)
+    # the run's label-privacy policy and epsilon, and its token's spend and budget
+    privacy: dict[str, Any] = field(default_factory=dict)
 
 
 class Reports:
@@ -165,6 +168,7 @@ class Reports:
                 | {"metrics": e.metrics, "created_at": overview.as_utc(e.created_at)}
                 for e in store.eval_results(session, run_id)
             ]
+            privacy = run_privacy_json(session, run_id, found[0][0].owner_id)
         raw = self._baseline.per_step(config)
         rate, step_ms = _recent_rate(recent)
         return RunReport(
@@ -176,6 +180,7 @@ class Reports:
             width=width,
             points=[_point(b, raw) for b in buckets],
             evaluations=evaluations,
+            privacy=privacy,
         )
 
     def _rows(self, session: Session, pairs: list[tuple[store.Run, str]]) -> list[RunRow]:

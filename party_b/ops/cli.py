@@ -2,6 +2,7 @@
 
     fedlite-b serve                      the HTTP(S) service (every flag is also FEDLITE_B_<FLAG>)
     fedlite-b token issue|revoke|list    API tokens (issue refuses an existing name: --rotate)
+    fedlite-b token budget --name N      a token's label-DP spend, and its cap (--epsilon X)
     fedlite-b db backup --to FILE        online backup of the SQLite file, safe while serving
     fedlite-b db copy --from URL --to URL   move the state to another database (B stopped)
     fedlite-b runs list|show ID|delete ID   every caller's runs (delete: party B stopped)
@@ -220,8 +221,10 @@ def _serve_parser(sub: Any) -> None:
     )
     serve.add_argument(
         "--privacy",
-        help="label privacy of new runs: 'recommended' (docs/PRIVACY.md), 'off' (default), "
-        "optionally with overrides, e.g. 'recommended,metrics=none'",
+        help="label privacy of new runs (docs/PRIVACY.md): 'protected' (default: label "
+        "differential privacy, no loss or accuracy in step replies), 'off' (logged as your "
+        "choice), 'recommended' (Marvell's noise), optionally with overrides, e.g. "
+        "'protected,label_epsilon=2'",
     )
     serve.add_argument(
         "--torch-threads",
@@ -254,6 +257,22 @@ def _token_parser(sub: Any) -> None:
     listing = _add(token_sub, "list", help="list token names and states")
     _storage_flags(listing)
     listing.set_defaults(func=admin.cmd_token_list)
+    from party_b.ops import budget_admin
+
+    budget = _add(
+        token_sub,
+        "budget",
+        help="a token's label-DP epsilon spent over its runs, and its cap (set or remove)",
+        description="Without --epsilon or --none, shows what the token's runs spent. A run "
+        "creation that would take the token past its cap is refused (problem "
+        "privacy-budget-exceeded); a run without label DP has no bound, and no cap covers it.",
+    )
+    budget.add_argument("--name", required=True, help="the token's name")
+    cap = budget.add_mutually_exclusive_group()
+    cap.add_argument("--epsilon", type=budget_admin.epsilon_value, help="set the cap")
+    cap.add_argument("--none", action="store_true", help="remove the cap")
+    _storage_flags(budget)
+    budget.set_defaults(func=budget_admin.cmd_token_budget)
 
 
 def _db_parser(sub: Any) -> None:

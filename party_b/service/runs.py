@@ -13,6 +13,7 @@ from api_schemas import EvalResultOut, ProblemType, RunCreate, RunOut, RunStatus
 from party_b import store
 from party_b.errors import ProblemError
 from party_b.privacy import PrivacyPolicy
+from party_b.privacy.accounting import charge
 from party_b.privacy.run import RunPrivacy
 from party_b.service.context import ServiceContext
 from party_b.service.runstate import Caller, owned_row
@@ -70,6 +71,8 @@ class Runs:
             store.add_run(session, run, idempotency_key)
             privacy = RunPrivacy.new(self._ctx.privacy)
             store.add_run_privacy(session, run.id, privacy.policy.to_stored(), privacy.secret)
+            # the run's label-DP epsilon, against the token's budget: 403 and nothing stored
+            charge(session, owner_id=caller.token_id, run_id=run.id, policy=privacy.policy)
             try:
                 session.commit()
             except IntegrityError:  # the same key arrived twice at once: the other one won

@@ -51,6 +51,7 @@ class RunState:
     last_response: bytes | None = None
     finished: bool = False
     key_index: dict[bytes, int] | None = None  # all of party B's ids, built on first predict
+    train_keys: frozenset[str] | None = None  # hex keys of the training split (privacy)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def positions_of(self, split: str) -> np.ndarray:

@@ -13,6 +13,8 @@ from torch import Tensor
 from api_schemas import ProblemType
 from party_b import store
 from party_b.errors import ProblemError
+from party_b.privacy.label_dp import run_targets
+from party_b.privacy.serving import refuse_training_ids
 from party_b.service import activations
 from party_b.service.context import ServiceContext
 from party_b.service.loader import key_index
@@ -55,10 +57,13 @@ class Serving:
                 allow_raw=True,
             )
             rows = state.label_rows[positions]
+            # under label DP the run's randomized labels: the reply is post-processing of them
+            labels = self._ctx.labels
+            targets = run_targets(
+                state.privacy, labels.targets(rows), rows, labels.num_outputs, labels
+            )
             with _out_of_range():
-                outcome = state.trainer.evaluate(
-                    z_tilde, self._ctx.labels.targets(rows), self._side(state, rows)
-                )
+                outcome = state.trainer.evaluate(z_tilde, targets, self._side(state, rows))
             # "eval+raw": the same samples, sent unquantized (z, not z~)
             logged_split = split if activations.is_quantized(request.chunks) else f"{split}+raw"
             with self._ctx.sessions() as session:
@@ -88,6 +93,7 @@ class Serving:
                 f"{state.rows_per_sample} activation rows per sample (one per token)"
             )
         request = activations.decode(codec.decode_predict_request, body, self._ctx.decode_limits)
+        refuse_training_ids(state, request.ids)  # 403 unless the run's policy allows them
         side: Tensor | None = None
         with state.lock:
             if state.config.use_side_features and state.trainer.model.side_features:

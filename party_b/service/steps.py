@@ -179,7 +179,7 @@ class Steps:
                 self._ctx.labels.targets(rows),
                 side,
                 rows=rows,
-                num_classes=self._ctx.labels.num_outputs,
+                labels=self._ctx.labels,
                 step=request.step,
                 dropout_seed=step_seed(state.config.seed, request.step, "dropout-top"),
                 privacy=state.privacy,

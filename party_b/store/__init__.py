@@ -4,6 +4,7 @@
     engine.py       make_engine (SQLite made safe for threads and crashes), copy_database
     checkpoints.py  save / load / list / roll back checkpoints (one transaction each)
     queries.py      every other query the service makes
+    ledger.py       the privacy ledger: epsilon spent per run, budgets per token
     tokens.py       API tokens by name or hash, active or all; revoked hashes
 
 Everything is re-exported here: ``from party_b import store`` then ``store.owned_run(...)``.
@@ -16,6 +17,14 @@ from party_b.store.checkpoints import (
     save_checkpoint,
 )
 from party_b.store.engine import copy_database, make_engine, make_session_factory
+from party_b.store.ledger import (
+    add_ledger_entry,
+    ledger_entry,
+    ledger_of,
+    privacy_budget,
+    runs_before_ledger,
+    set_privacy_budget,
+)
 from party_b.store.queries import (
     add_run,
     add_run_privacy,
@@ -39,6 +48,8 @@ from party_b.store.tables import (
     Checkpoint,
     EvalResult,
     IdempotencyKey,
+    PrivacyBudget,
+    PrivacyLedger,
     PsiKey,
     RevokedToken,
     Run,
@@ -59,12 +70,15 @@ __all__ = [
     "Checkpoint",
     "EvalResult",
     "IdempotencyKey",
+    "PrivacyBudget",
+    "PrivacyLedger",
     "PsiKey",
     "RevokedToken",
     "Run",
     "RunPrivacy",
     "StepLog",
     "active_tokens",
+    "add_ledger_entry",
     "add_run",
     "add_run_privacy",
     "all_tokens",
@@ -74,20 +88,25 @@ __all__ = [
     "delete_run",
     "eval_results",
     "forget_after",
+    "ledger_entry",
+    "ledger_of",
     "load_checkpoint",
     "log_evaluation",
     "log_step",
     "make_engine",
     "make_session_factory",
     "owned_run",
+    "privacy_budget",
     "psi_key",
     "revoked_hash",
     "run_by_id",
     "run_created_with_key",
     "run_privacy",
+    "runs_before_ledger",
     "runs_in_status",
     "runs_of",
     "save_checkpoint",
+    "set_privacy_budget",
     "step_log",
     "token_by_hash",
     "token_named",

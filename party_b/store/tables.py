@@ -18,6 +18,8 @@ __all__ = [
     "Checkpoint",
     "EvalResult",
     "IdempotencyKey",
+    "PrivacyBudget",
+    "PrivacyLedger",
     "PsiKey",
     "RevokedToken",
     "Run",
@@ -196,3 +198,30 @@ class RunPrivacy(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     policy: Mapped[dict[str, Any]] = mapped_column(JSON)
     secret: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class PrivacyLedger(Base):
+    """The label-DP epsilon each run spent of its owner's labels, one row per run created
+    since accounting existed (``party_b.privacy.accounting``); ``epsilon`` None: the run's
+    policy gives no formal bound (off, or gradient noise alone). No foreign key to ``runs``
+    and not deleted with the run: what party A received from a deleted run stays spent.
+    """
+
+    __tablename__ = "privacy_ledger"
+
+    run_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), index=True)
+    epsilon: Mapped[float | None] = mapped_column(Float, default=None)
+    policy: Mapped[str] = mapped_column(String(400))  # PrivacyPolicy.describe()
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
+
+
+class PrivacyBudget(Base):
+    """The operator's cap on the label-DP epsilon one token's runs may spend in total
+    (``fedlite-b token budget``); a token without a row has no cap."""
+
+    __tablename__ = "privacy_budgets"
+
+    owner_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), primary_key=True)
+    epsilon: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now, onupdate=_now)

@@ -48,6 +48,10 @@ def party_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PartyBProcess]
         root / "party_b",
         module="tests.utils.party_b_faulty",
         env={"FEDLITE_TEST_ARM": str(root / "arm"), "FEDLITE_TEST_PAUSED": str(root / "paused")},
+        # a killed run must end as an uninterrupted one, a run of its own: under label DP
+        # (the default) each run draws its randomized labels from a secret of its own
+        # (recovery under the default: tests/party_b/test_label_dp_recovery.py)
+        extra_args=["--privacy", "off"],
     ) as server:
         yield server
 

@@ -396,8 +396,9 @@ def codewords_cases() -> tuple[str, str, list[Case]]:
 def step_reply_cases() -> tuple[str, str, list[Case]]:
     about = (
         "One StepResponse as party B encodes it under each metrics policy of a run (all, "
-        "loss, none): the loss l (null: NaN on the wire) and metrics m it carries, and the "
-        "whole message as hex. The gradient is the same in every case."
+        "loss, none; none is what the default policy, protected, sends): the loss l (null: "
+        "NaN on the wire) and metrics m it carries, and the whole message as hex. The "
+        "gradient is the same in every case."
     )
     grad = np.array([[0.5, -0.25, 1.0], [-0.125, 2.0, 0.0]], dtype=np.float32)
     loss, metrics = 0.6931471805599453, {"n": 2.0, "accuracy": 0.5}

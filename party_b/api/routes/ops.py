@@ -1,8 +1,16 @@
-"""Operations: liveness, readiness and Prometheus metrics (no token needed).
+"""Operations: liveness, readiness (no token needed) and Prometheus metrics.
 
 ``/healthz`` (liveness, and the start-up probe: the port opens only once party B has loaded
 its label table and recovered its runs) depends on nothing but this process answering.
 ``/readyz`` also asks whether party B should get work now (``party_b.api.readiness``).
+
+``/metrics`` carries the process's metrics (requests, latency, steps and bytes of all runs
+together, memory, CPU) to anyone who reaches it, and nothing of any one run. The per-run
+series (``party_b.dashboard.prometheus``: run ids, names, owners, progress, traffic; loss,
+accuracy and evaluations only if the operator opted in) are added for a request that carries
+the operator's credential (``FEDLITE_B_DASHBOARD_TOKEN``); where one is set, a request
+without it, or with a wrong one, is refused 401. Party A reaches this port: its own runs'
+series would be a side channel past the run's privacy policy (docs/PRIVACY.md).
 """
 
 from typing import Any
@@ -53,9 +61,19 @@ _PROMETHEUS_TEXT: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.get("/metrics", response_class=Response, responses=_PROMETHEUS_TEXT)
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        **_PROMETHEUS_TEXT,
+        **contract(problems=(ProblemType.UNAUTHORIZED,))["responses"],
+    },
+)
 async def prometheus(request: Request) -> Response:
-    registry = request.app.state.metrics.registry
-    # in a thread: the per-run metrics query the store (party_b.dashboard.prometheus)
-    body = await anyio.to_thread.run_sync(generate_latest, registry)
+    body = generate_latest(request.app.state.metrics.registry)
+    operator = request.app.state.operator
+    if operator is not None:
+        operator(request)  # 401 problem+json without the operator's credential
+        # in a thread: the per-run metrics query the store (party_b.dashboard.prometheus)
+        body += await anyio.to_thread.run_sync(generate_latest, request.app.state.run_registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

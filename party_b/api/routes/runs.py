@@ -24,6 +24,7 @@ RUN = (*AUTHENTICATED, P.NOT_FOUND)
             P.LIMIT_EXCEEDED,
             P.IDEMPOTENCY_KEY_REUSED,
             P.TOO_MANY_RUNS,
+            P.PRIVACY_BUDGET_EXCEEDED,
         )
     ),
 )

@@ -56,7 +56,7 @@ async def evaluations(
     **contract(
         consumes=MSGPACK,
         message=("PredictRequest", "PredictResponse"),
-        problems=(*FORWARD, P.UNKNOWN_IDS),
+        problems=(*FORWARD, P.UNKNOWN_IDS, P.PRIVACY_REFUSED),
     ),
 )
 async def predict(request: Request, run_id: str, who: CallerDep, service: ServiceDep) -> Response:

@@ -74,6 +74,16 @@ function row(cells) {
   return tr;
 }
 
+// The run's label privacy: its epsilon (or none), and what its token has spent of its budget.
+function privacyCard(privacy) {
+  const run = privacy.privacy;
+  const owner = privacy.owner_privacy;
+  const spent = owner.epsilon_spent === null ? "unbounded" : number(owner.epsilon_spent, 2);
+  const budget = owner.epsilon_budget === null ? "no budget" : `budget ${number(owner.epsilon_budget, 2)}`;
+  return ["Label privacy", run.label_dp ? `ε ${number(run.epsilon, 2)}` : "no bound",
+    `${run.policy}; token spent ${spent}, ${budget}`];
+}
+
 function cards(container, items) {
   container.replaceChildren(...items.map(([label, value, note]) => {
     const card = node("div", null, "card");
@@ -162,6 +172,7 @@ function showRun(report) {
     ["Aligned", number(run.aligned), run.aligned === null ? "not aligned yet"
       : `${number(run.train)} train / ${number(run.eval)} eval`],
     ["Last evaluation", last ? `step ${number(last.step)}` : "–", lastMetrics],
+    privacyCard(report.privacy),
   ]);
   const at = (p) => (p.first + p.last) / 2;
   const evalsLoss = evaluationSeries(report.evaluations, (e) => [["loss", e.loss]]);

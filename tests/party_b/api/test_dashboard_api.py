@@ -41,7 +41,12 @@ def _bearer(secret: str) -> dict[str, str]:
 
 @pytest.fixture
 def url(tmp_path: Path) -> Iterator[str]:
-    with live_server(create_app(_settings(tmp_path, dashboard_token=OPERATOR))) as base:
+    # privacy off: the tests hold the operator's views against the step log party A reads,
+    # which under label DP (the default) carries no loss; the loss on /metrics is opted in
+    settings = _settings(
+        tmp_path, dashboard_token=OPERATOR, privacy="off", metrics_label_series=True
+    )
+    with live_server(create_app(settings)) as base:
         yield base
 
 
@@ -175,7 +180,7 @@ def test_metrics_carry_each_run_s_progress_loss_and_the_process(
     trained: tuple[str, str, list[dict[str, Any]]],
 ) -> None:
     url, run_id, log = trained
-    text = httpx.get(f"{url}/metrics").text
+    text = httpx.get(f"{url}/metrics", headers=_bearer(OPERATOR)).text
     samples = _samples(text)
 
     def of_run(name: str, **extra: str) -> float:
