@@ -28,7 +28,7 @@ from party_b.privacy import DEFAULT_PRESET, PRESETS, PrivacyPolicy, parse_policy
 from party_b.privacy.accounting import spent
 from party_b.privacy.label_dp import auc_bound, keep_probability, run_targets
 from party_b.privacy.run import RunPrivacy
-from party_b.service import wire
+from party_b.service import activations
 from party_b.settings import Settings
 from shared import codec
 from tests.utils.live import live_server
@@ -175,7 +175,7 @@ def test_a_label_dp_run_evaluates_on_its_randomized_labels(tmp_path: Path) -> No
     state = service.context.cache.owned(party_b.caller, run.id)
     rows = state.label_rows[train]
     request = codec.decode_evaluate_request(body)
-    z = wire.dequantize(state, request.chunks, expected_rows=len(train), allow_raw=True)
+    z = activations.dequantize(state, request.chunks, expected_rows=len(train), allow_raw=True)
     true = service.context.labels.targets(rows)
     randomized = run_targets(state.privacy, true, rows, 2)
     assert not torch.equal(randomized, true)
