@@ -20,8 +20,6 @@
 
 from typing import Any
 
-from api_schemas.problems import ProblemType
-
 __all__ = [
     "BatchMismatch",
     "CheckpointNotFound",
@@ -113,21 +111,25 @@ class TrainingDiverged(ProblemResponse):
     pass
 
 
-_BY_TYPE: dict[str, type[ProblemResponse]] = {
-    ProblemType.UNAUTHORIZED: Unauthorized,
-    ProblemType.NOT_FOUND: NotFound,
-    ProblemType.STEP_OUT_OF_ORDER: StepOutOfOrder,
-    ProblemType.STEP_REPLAY_MISMATCH: StepReplayMismatch,
-    ProblemType.BATCH_MISMATCH: BatchMismatch,
-    ProblemType.CHECKPOINT_NOT_FOUND: CheckpointNotFound,
-    ProblemType.RUN_STATE: RunStateConflict,
-    ProblemType.TRAINING_DIVERGED: TrainingDiverged,
-}
+def _by_type() -> dict[str, type[ProblemResponse]]:
+    # imported here: api_schemas loads pydantic, which `fedlite-a --help` does not need
+    from api_schemas.problems import ProblemType
+
+    return {
+        ProblemType.UNAUTHORIZED: Unauthorized,
+        ProblemType.NOT_FOUND: NotFound,
+        ProblemType.STEP_OUT_OF_ORDER: StepOutOfOrder,
+        ProblemType.STEP_REPLAY_MISMATCH: StepReplayMismatch,
+        ProblemType.BATCH_MISMATCH: BatchMismatch,
+        ProblemType.CHECKPOINT_NOT_FOUND: CheckpointNotFound,
+        ProblemType.RUN_STATE: RunStateConflict,
+        ProblemType.TRAINING_DIVERGED: TrainingDiverged,
+    }
 
 
 def problem_from_body(status: int, body: dict[str, Any]) -> ProblemResponse:
     """The typed exception for a decoded problem+json body."""
     type_ = str(body.get("type", "about:blank"))
     extra = {k: v for k, v in body.items() if k not in ("type", "title", "status", "detail")}
-    cls = _BY_TYPE.get(type_, ProblemResponse)
+    cls = _by_type().get(type_, ProblemResponse)
     return cls(status, type_, str(body.get("title", "")), str(body.get("detail", "")), extra)

@@ -29,7 +29,6 @@ import sys
 from collections.abc import Sequence
 
 from party_a.cli.parser import build_parser
-from party_a.config import check_environment
 from party_a.errors import ConfigError, FedliteError
 
 __all__ = ["build_parser", "main"]
@@ -43,6 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
     try:
+        from party_a.config import check_environment  # pydantic: not for --help
+
         check_environment(os.environ)
         code: int = args.func(args)
     except ConfigError as exc:

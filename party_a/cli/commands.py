@@ -16,7 +16,6 @@ from party_a.cli.options import connection, local_runs, run_not_found, session_f
 from party_a.cli.report import progress, summary_rows
 from party_a.errors import ConfigError, RunNotFound
 from party_a.session import open_state
-from shared.accounting import compression_report
 
 if TYPE_CHECKING:
     from party_a.store import LocalRun, LocalStore
@@ -42,6 +41,8 @@ __all__ = [
 
 
 def cmd_ratio(args: argparse.Namespace) -> int:
+    from shared.accounting import PAPER_PHI, compression_report  # torch: only for this command
+
     try:
         report = compression_report(
             d=args.d,
@@ -49,7 +50,7 @@ def cmd_ratio(args: argparse.Namespace) -> int:
             q=args.q,
             L=args.L,
             R=args.R,
-            phi=args.phi,
+            phi=args.phi if args.phi is not None else PAPER_PHI,
             codebook_dtype=args.codebook_dtype,
         )
     except ValueError as exc:

@@ -7,7 +7,6 @@ from typing import Any
 
 from party_a.cli import commands
 from party_a.session import state_dir_default
-from shared.accounting import PAPER_PHI
 
 __all__ = ["build_parser"]
 
@@ -232,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     ratio.add_argument("--L", type=int, required=True, help="centroids per group")
     ratio.add_argument("--R", type=int, default=1, help="groups (default 1)")
     ratio.add_argument(
-        "--phi", type=int, default=PAPER_PHI, help="bits per float in the paper's formula"
+        "--phi", type=int, help="bits per float in the paper's formula (default: its 64)"
     )
     ratio.add_argument("--codebook-dtype", choices=["float32", "float16"], default="float32")
     ratio.set_defaults(func=commands.cmd_ratio)
