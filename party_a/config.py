@@ -65,6 +65,8 @@ ENVIRONMENT = {
     "FEDLITE_A_SERVER": "party B's base URL (--server)",
     "FEDLITE_A_TOKEN": "the API token party B issued (--token)",
     "FEDLITE_A_CA_BUNDLE": "CA certificates to trust for party B (--ca-bundle)",
+    "FEDLITE_A_CLIENT_CERT": "party A's client certificate for mutual TLS (--client-cert)",
+    "FEDLITE_A_CLIENT_KEY": "its private key (--client-key)",
     "FEDLITE_A_STATE_DIR": "party A's state directory (--state-dir)",
 }
 

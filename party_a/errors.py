@@ -8,7 +8,8 @@
      ├── TransportError         party B unreachable after every retry
      ├── ProtocolError          a response that is not what the protocol promises
      └── ProblemResponse        party B answered with problem+json (type, status, detail)
-          ├── Unauthorized          401
+          ├── Unauthorized          401 (reason: token, expired, certificate)
+          ├── Forbidden             403 the token's scope does not cover the call
           ├── NotFound              404
           ├── StepOutOfOrder        409 step-out-of-order (expected_step, applied_step)
           ├── StepReplayMismatch    409 step-replay-mismatch
@@ -25,6 +26,7 @@ __all__ = [
     "CheckpointNotFound",
     "ConfigError",
     "FedliteError",
+    "Forbidden",
     "NotFound",
     "ProblemResponse",
     "ProtocolError",
@@ -78,7 +80,11 @@ class ProblemResponse(FedliteError):
 
 
 class Unauthorized(ProblemResponse):
-    pass
+    """Party B does not accept the credential; only its operator can change that."""
+
+
+class Forbidden(ProblemResponse):
+    """The token is valid but its scope does not cover the call (``needs`` says which)."""
 
 
 class NotFound(ProblemResponse):
@@ -117,6 +123,7 @@ def _by_type() -> dict[str, type[ProblemResponse]]:
 
     return {
         ProblemType.UNAUTHORIZED: Unauthorized,
+        ProblemType.FORBIDDEN: Forbidden,
         ProblemType.NOT_FOUND: NotFound,
         ProblemType.STEP_OUT_OF_ORDER: StepOutOfOrder,
         ProblemType.STEP_REPLAY_MISMATCH: StepReplayMismatch,

@@ -71,6 +71,8 @@ def open_session(
     create: bool,
     id_column: str = "id",
     ca_bundle: Path | None = None,
+    client_cert: Path | None = None,
+    client_key: Path | None = None,
     retry_for: float = 300.0,
 ) -> Iterator["PartyATrainer"]:
     """The run's trainer over HTTP, not yet prepared; the transport is closed at the end.
@@ -88,7 +90,14 @@ def open_session(
     if not create and local is None:
         raise RunNotFound(config.run.name, key)
     stored = store.serving(local.id) if local is not None else None
-    transport = HttpTransport(server, token, ca_bundle=ca_bundle, retry_for=retry_for)
+    transport = HttpTransport(
+        server,
+        token,
+        ca_bundle=ca_bundle,
+        client_cert=client_cert,
+        client_key=client_key,
+        retry_for=retry_for,
+    )
     try:
         table = load_features(
             features,

@@ -19,8 +19,9 @@ Party A's state (checkpoints, step log) lives in ``--state-dir`` (default FEDLIT
 else ./fedlite-a-state); ``train`` creates or resumes a run there, ``evaluate``, ``predict``
 and ``finish`` only use one that ``train`` made. Global flags (-v, --version) go anywhere.
 
-Exit codes: 0 done; 1 party B refused or could not be reached; 2 a configuration or usage
-error (bad flag, URL, certificate, config file, unknown run), which retrying will not fix.
+Exit codes: 0 done; 1 party B refused the request or could not be reached; 2 a configuration
+or usage error (bad flag, URL, certificate, config file, unknown run, a token party B does
+not accept or whose scope does not cover the command), which retrying will not fix.
 """
 
 import logging
@@ -29,7 +30,7 @@ import sys
 from collections.abc import Sequence
 
 from party_a.cli.parser import build_parser
-from party_a.errors import ConfigError, FedliteError
+from party_a.errors import ConfigError, FedliteError, Forbidden, Unauthorized
 
 __all__ = ["build_parser", "main"]
 
@@ -48,6 +49,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except ConfigError as exc:
         print(f"fedlite-a {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except (Unauthorized, Forbidden) as exc:
+        # a refused credential does not heal by retrying: exit 2, as for a wrong flag
+        print(
+            f"fedlite-a {args.command}: {exc} (party B's operator issues, renews and scopes "
+            "tokens: fedlite-b token issue)",
+            file=sys.stderr,
+        )
         return 2
     except FedliteError as exc:
         print(f"fedlite-a {args.command}: {exc}", file=sys.stderr)

@@ -71,7 +71,13 @@ def _transport(
     from party_a.transport.http import HttpTransport
 
     return HttpTransport(
-        server, token, ca_bundle=args.ca_bundle, retry_for=args.retry_for, timeout=timeout
+        server,
+        token,
+        ca_bundle=args.ca_bundle,
+        client_cert=args.client_cert,
+        client_key=args.client_key,
+        retry_for=args.retry_for,
+        timeout=timeout,
     )
 
 

@@ -28,11 +28,16 @@ __all__ = ["connection", "local_runs", "overrides", "run_not_found", "session_fr
 
 
 def connection(args: argparse.Namespace) -> tuple[str, str]:
-    """(party B's URL, token) from the flags or FEDLITE_A_SERVER / FEDLITE_A_TOKEN."""
+    """(party B's URL, token) from the flags or FEDLITE_A_SERVER / FEDLITE_A_TOKEN. With a
+    client certificate the token may be empty: party B's operator can make the certificate
+    the credential (docs/DEPLOY.md section 2)."""
     server = args.server or os.environ.get("FEDLITE_A_SERVER")
-    token = args.token or os.environ.get("FEDLITE_A_TOKEN")
-    if not server or not token:
-        raise ConfigError("need --server and --token (or FEDLITE_A_SERVER / FEDLITE_A_TOKEN)")
+    token = args.token or os.environ.get("FEDLITE_A_TOKEN") or ""
+    if not server or not (token or getattr(args, "client_cert", None)):
+        raise ConfigError(
+            "need --server and --token (or FEDLITE_A_SERVER / FEDLITE_A_TOKEN; with mutual "
+            "TLS, --client-cert instead of the token if party B accepts the certificate alone)"
+        )
     return server, token
 
 
@@ -133,6 +138,8 @@ def session_from_args(
             create=create,
             id_column=args.id_column,
             ca_bundle=args.ca_bundle,
+            client_cert=args.client_cert,
+            client_key=args.client_key,
             retry_for=args.retry_for,
         ) as trainer:
             if serving:

@@ -24,6 +24,20 @@ def _connection_flags(parser: argparse.ArgumentParser, *, retry_for: float = 300
         help="CA certificates to trust for party B's TLS certificate (or FEDLITE_A_CA_BUNDLE)",
     )
     parser.add_argument(
+        "--client-cert",
+        type=Path,
+        default=os.environ.get("FEDLITE_A_CLIENT_CERT") or None,
+        help="party A's client certificate (PEM) for a party B with mutual TLS "
+        "(or FEDLITE_A_CLIENT_CERT)",
+    )
+    parser.add_argument(
+        "--client-key",
+        type=Path,
+        default=os.environ.get("FEDLITE_A_CLIENT_KEY") or None,
+        help="its private key, unencrypted PEM (or FEDLITE_A_CLIENT_KEY; default: in the "
+        "certificate's file)",
+    )
+    parser.add_argument(
         "--retry-for",
         type=float,
         default=retry_for,
@@ -153,8 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedlite-a",
         description="FedLite-VFL party A: the feature holder's trainer.",
-        epilog="Exit codes: 0 done; 1 party B refused or could not be reached; 2 a "
-        "configuration or usage error (retrying will not fix it).",
+        epilog="Exit codes: 0 done; 1 party B refused the request or could not be reached; "
+        "2 a configuration or usage error, or a token party B does not accept (retrying "
+        "will not fix it).",
     )
     _global_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -38,8 +38,9 @@ MSGPACK = MSGPACK_CONTENT_TYPE
 _ALSO_ACCEPTED = {MSGPACK: {"application/x-msgpack"}}  # a common older name
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 
-# Problems every authenticated route can answer, and every route with a body.
-AUTHENTICATED = (ProblemType.UNAUTHORIZED,)
+# Problems every authenticated route can answer (401; 403 for a token outside its scope,
+# party_b.access), and every route with a body.
+AUTHENTICATED = (ProblemType.UNAUTHORIZED, ProblemType.FORBIDDEN)
 WITH_BODY = (ProblemType.PAYLOAD_TOO_LARGE, ProblemType.UNSUPPORTED_MEDIA_TYPE)
 
 

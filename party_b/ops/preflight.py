@@ -11,7 +11,7 @@ from pathlib import Path
 from party_b.errors import StartupError
 from party_b.settings import Settings
 
-__all__ = ["check_files", "check_tls"]
+__all__ = ["check_client_cas", "check_files", "check_tls"]
 
 _CERT = "--ssl-certfile / FEDLITE_B_SSL_CERTFILE"
 _KEY = "--ssl-keyfile / FEDLITE_B_SSL_KEYFILE"
@@ -22,6 +22,26 @@ def check_files(settings: Settings) -> None:
     if settings.labels is not None:
         _readable(settings.labels, "label table", "--labels / FEDLITE_B_LABELS")
     check_tls(settings.ssl_certfile, settings.ssl_keyfile)
+    check_client_cas(settings.ssl_ca_certs, settings.ssl_certfile)
+
+
+_CA = "--ssl-ca-certs / FEDLITE_B_SSL_CA_CERTS"
+
+
+def check_client_cas(ca_certs: Path | None, certfile: Path | None) -> None:
+    """The CAs of mutual TLS load, and come with a server certificate."""
+    if ca_certs is None:
+        return
+    if certfile is None:
+        raise StartupError(f"client certificates ({_CA}) need TLS: set {_CERT} and {_KEY} too")
+    _readable(ca_certs, "client CA file", _CA)
+    try:
+        ssl.create_default_context().load_verify_locations(cafile=str(ca_certs))
+    except ssl.SSLError as exc:
+        raise StartupError(
+            f"client CA file {ca_certs} is not a PEM certificate ({exc.reason}); {_CA} takes "
+            "the certificate(s) of the CA that signs party A's client certificates"
+        ) from None
 
 
 def check_tls(certfile: Path | None, keyfile: Path | None) -> None:

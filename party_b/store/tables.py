@@ -8,7 +8,17 @@ goes into new tables, so upgrading needs no migration.
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Dialect, Float, ForeignKey, Integer, LargeBinary, String
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -23,6 +33,7 @@ __all__ = [
     "Run",
     "RunPrivacy",
     "StepLog",
+    "TokenGrant",
 ]
 
 
@@ -196,3 +207,23 @@ class RunPrivacy(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     policy: Mapped[dict[str, Any]] = mapped_column(JSON)
     secret: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class TokenGrant(Base):
+    """What a token may do and until when (``party_b.access``): its scopes, expiry, the client
+    certificate it is bound to, and whose runs it acts on.
+
+    A table of its own (a token without a row has every scope and no expiry), so that an
+    older database gains it with ``create_all`` and its tokens keep working as they did.
+    """
+
+    __tablename__ = "token_grants"
+
+    token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), primary_key=True)
+    scopes: Mapped[str] = mapped_column(String(200))  # comma-separated scope names
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
+    # RFC 4514 subject of the client certificate the token must come with (mutual TLS)
+    subject: Mapped[str | None] = mapped_column(String(1000), default=None, index=True)
+    certificate_only: Mapped[bool] = mapped_column(Boolean, default=False)  # no bearer token
+    runs_of: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"), default=None)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
