@@ -10,8 +10,10 @@ from fastapi import Depends, Request, Response, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
+from party_b import audit
 from party_b.access import Action, Identity, authorize, identify
 from party_b.api.contract import MSGPACK
+from party_b.errors import ProblemError
 from party_b.service import Caller, Service
 
 __all__ = ["CallerDep", "ServiceDep", "allowed", "client_subject", "in_thread", "msgpack"]
@@ -56,8 +58,14 @@ class _Allowed:
     def __init__(self, action: Action) -> None:
         self.action = action
 
-    def __call__(self, caller: Annotated[Caller, Depends(_caller)]) -> Caller:
-        authorize(caller, self.action)
+    def __call__(self, request: Request, caller: Annotated[Caller, Depends(_caller)]) -> Caller:
+        try:
+            authorize(caller, self.action)
+        except ProblemError:
+            # a known caller trying what its scope does not cover: the operator should know
+            run_id = request.path_params.get("run_id")
+            audit.record(request.app.state.sessions, caller, self.action, run_id, outcome="refused")
+            raise
         return caller
 
 

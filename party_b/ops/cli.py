@@ -5,6 +5,7 @@
     fedlite-b db backup --to FILE        online backup of the SQLite file, safe while serving
     fedlite-b db copy --from URL --to URL   move the state to another database (B stopped)
     fedlite-b runs list|show ID|delete ID   every caller's runs (delete: party B stopped)
+    fedlite-b audit [--totals] [--jsonl]  who did what to which run, with how many ids, when
     fedlite-b health                     exit 0 if the local server answers /healthz
     fedlite-b export --run ID --out DIR  a trained run's top model and transform, for serving
     fedlite-b demo-data --out FILE       party B's half of the bundled demo data
@@ -376,6 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     health.set_defaults(func=_cmd_health)
     _db_parser(sub)
     _runs_parser(sub)
+    from party_b.ops.audit_admin import add_audit_parser
+
+    add_audit_parser(sub, _add, _storage_flags)
     export = _add(
         sub,
         "export",

@@ -25,7 +25,7 @@ from typing import Protocol
 from sqlalchemy.orm import Session
 
 from api_schemas import AlignmentOut, PsiInfo, RunCreate, RunStatus
-from party_b import store
+from party_b import audit, store
 from party_b.errors import ProblemError
 from party_b.service.context import ServiceContext
 from party_b.service.runstate import Caller, owned_row
@@ -132,6 +132,7 @@ class Alignment:
             raise ProblemError.malformed(str(exc)) from None
         # Every PSI answers "which of these ids do you hold?": keep a record of who asked.
         log.info("PSI request from %s: %d ids offered", caller.name, count)
+        audit.record(self._ctx.sessions, caller, "psi", None, ids=count)
         data = encode_psi_reply(reply)
         self._ctx.metrics.bytes_received.labels("psi").inc(len(body))
         self._ctx.metrics.bytes_sent.labels("psi").inc(len(data))
@@ -164,7 +165,8 @@ class Alignment:
                 raise ProblemError.run_state("run is already aligned with a different id set")
             self._start(session, run, aligned)
             session.commit()
-            return alignment_out(run, aligned)
+        audit.record(self._ctx.sessions, caller, "align", run_id, ids=len(aligned))
+        return alignment_out(run, aligned)
 
     def _start(self, session: Session, run: store.Run, aligned: list[bytes]) -> None:
         """Split the aligned ids, store them and the initial model: the run is training."""

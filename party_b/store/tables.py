@@ -24,6 +24,7 @@ from sqlalchemy.types import TypeDecorator
 
 __all__ = [
     "ApiToken",
+    "AuditEntry",
     "Base",
     "Checkpoint",
     "EvalResult",
@@ -227,3 +228,24 @@ class TokenGrant(Base):
     certificate_only: Mapped[bool] = mapped_column(Boolean, default=False)  # no bearer token
     runs_of: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"), default=None)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
+
+
+class AuditEntry(Base):
+    """One line of party B's audit trail (``party_b.audit``): who did what to which run, with
+    how many ids, when.
+
+    No foreign key to ``runs``: the trail outlives a deleted run (its deletion is an entry).
+    A table of its own, so an older database gains it with ``create_all``.
+    """
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now, index=True)
+    action: Mapped[str] = mapped_column(String(32), index=True)  # party_b.access.Action
+    actor: Mapped[str] = mapped_column(String(120), index=True)  # the token's name
+    subject: Mapped[str | None] = mapped_column(String(1000), default=None)  # client cert
+    run_id: Mapped[str | None] = mapped_column(String(32), default=None, index=True)
+    ids: Mapped[int | None] = mapped_column(Integer, default=None)  # ids aligned / scored
+    outcome: Mapped[str] = mapped_column(String(16), default="ok")  # ok, refused
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -197,6 +197,19 @@ def test_train_with_a_bound_token_then_score_with_a_certificate_alone(
     assert retrain.returncode == 2, retrain.stderr  # a predict-only credential cannot train
     assert "scope predict" in retrain.stderr and "needs scope train" in retrain.stderr
 
+    # the audit trail names the certificate behind each call
+    trail = _cli("b", "audit", "--jsonl", "--data-dir", str(world.party_b.data_dir))
+    events = [json.loads(line) for line in trail.stdout.splitlines()]
+    scoring = [e for e in events if e["action"] == "predict" and e["outcome"] == "ok"]
+    assert [(e["actor"], e["subject"], e["ids"]) for e in scoring] == [
+        ("scorer", world.subjects["scorer"], 2)
+    ]
+    aligned = [e for e in events if e["action"] == "align"]
+    assert aligned and aligned[0]["subject"] == world.subjects["bank_a"]
+    assert {"psi", "create-run", "evaluate", "finish"} <= {e["action"] for e in events}
+    refused = [e for e in events if e["outcome"] == "refused"]
+    assert [(e["actor"], e["action"]) for e in refused] == [("scorer", "create-run")]
+
 
 def test_the_python_api_presents_the_certificate(world: World, tmp_path: Path) -> None:
     with connect(
