@@ -27,16 +27,20 @@ not accept or whose scope does not cover the command), which retrying will not f
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 from party_a.cli.parser import build_parser
 from party_a.errors import ConfigError, FedliteError, Forbidden, Unauthorized
+from party_a.phases import show_phases
 
 __all__ = ["build_parser", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    started = time.monotonic()
     args = build_parser().parse_args(argv)
+    show_phases(sys.stderr, started=started)  # "loading features", "PSI: ...", as they happen
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from party_a.cli.options import connection, local_runs, run_not_found, session_from_args
 from party_a.cli.report import progress, summary_rows
 from party_a.errors import ConfigError, RunNotFound
+from party_a.phases import phase
 from party_a.session import open_state
 
 if TYPE_CHECKING:
@@ -140,11 +141,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{remote.step}, party A at step {trainer.step}; "
             f"{remote.alignment.aligned if remote.alignment else '?'} aligned samples"
         )
+        if trainer.step < trainer.config.run.steps:
+            phase("training: steps %d to %d", trainer.step + 1, trainer.config.run.steps)
         with progress(console, total=trainer.config.run.steps, start=trainer.step) as on_step:
             trainer.on_step = on_step
             summary = trainer.train()
         metrics: dict[str, float] = {}
         if not args.no_evaluate and len(trainer.eval_pos):
+            phase("evaluating on %s held-out samples", f"{len(trainer.eval_pos):,}")
             answer = trainer.evaluate("eval")
             metrics = {
                 "eval_loss": answer.loss,
@@ -184,6 +188,7 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     with session_from_args(args, create=False) as (trainer, _remote):
+        phase("evaluating the %s split", args.split)
         answer = trainer.evaluate(args.split, raw=args.raw)
     split = f"{args.split}+raw" if args.raw else args.split
     print(json.dumps({"split": split, "n": answer.n, "loss": answer.loss, **answer.metrics}))
@@ -199,6 +204,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if not ids:
         raise ConfigError("give ids with --ids a,b,c or --ids-file FILE")
     with session_from_args(args, create=False, serving=True) as (trainer, _remote):
+        phase("scoring %s ids", f"{len(ids):,}")
         answer = trainer.predict(ids, raw=args.raw)
     out = open(args.out, "w", newline="") if args.out else sys.stdout  # noqa: SIM115
     try:

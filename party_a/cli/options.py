@@ -126,6 +126,11 @@ def session_from_args(
     the run; with ``serving`` (predict) ``--features`` is a serving table, which need not
     hold the training rows, and party A's own state is enough (no view of party B)."""
     server, token = connection(args)
+    from shared.idtables import check_columns
+
+    # the id column from the header, before the config (whose model check loads torch) and
+    # before any row: a wrong --id-column is told in a second
+    check_columns(args.features, {args.id_column: "id column (--id-column)"})
     store = open_state(args.state_dir, create=create)
     try:
         config = _config(args, store, server, create=create)

@@ -123,6 +123,10 @@ class HttpTransport:
     def psi(self, body: bytes) -> bytes:
         return self._msgpack("/v1/psi", body)
 
+    def align_keys(self, run_id: str, body: bytes) -> bytes:
+        """The alignment in binary (shared.alignkeys): an AlignRequest in, an AlignReply out."""
+        return self._msgpack(f"/v1/runs/{run_id}/alignment/keys", body)
+
     def step(self, run_id: str, body: bytes) -> bytes:
         return self._msgpack(f"/v1/runs/{run_id}/steps", body)
 

@@ -51,6 +51,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     )
     if settings.database_url is None:
         create_private_database(settings.resolved_database_url())
+    log = logging.getLogger("fedlite.party_b")
+    log.info("starting party B: loading torch and the web framework")
+
+    import threading
 
     import torch
     import uvicorn
@@ -62,17 +66,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     app = create_app(settings)
-    engine = make_engine(settings.resolved_database_url())
-    try:
-        with make_session_factory(engine)() as session:
-            active = store.active_tokens(session)
-    finally:
-        engine.dispose()  # an idle connection left open would keep the WAL from folding in
-    if not active:
-        raise StartupError(
-            "no active API tokens; issue one with 'fedlite-b token issue --name <caller>' "
-            "or set FEDLITE_B_TOKENS"
-        )
+    _check_tokens(settings, log)
+    # party B's blinded ids, built now (seconds per 10,000 ids) and not on party A's first PSI
+    threading.Thread(
+        target=app.state.service.alignment.warm_up, name="psi-set-up", daemon=True
+    ).start()
     uvicorn.run(
         app,
         host=settings.host,
@@ -89,6 +87,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=10,
     )
     return 0
+
+
+def _check_tokens(settings: Any, log: logging.Logger) -> None:
+    """StartupError unless some API token is active (nobody could use party B)."""
+    engine = make_engine(settings.resolved_database_url())
+    try:
+        with make_session_factory(engine)() as session:
+            active = store.active_tokens(session)
+    finally:
+        engine.dispose()  # an idle connection left open would keep the WAL from folding in
+    if not active:
+        raise StartupError(
+            "no active API tokens; issue one with 'fedlite-b token issue --name <caller>' "
+            "or set FEDLITE_B_TOKENS"
+        )
+    mutual = "on" if settings.ssl_ca_certs else "off"
+    log.info("%d active API token(s); mutual TLS %s", len(active), mutual)
 
 
 def _cmd_health(args: argparse.Namespace) -> int:

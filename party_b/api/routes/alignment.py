@@ -58,3 +58,29 @@ async def align(
     service: ServiceDep,
 ) -> AlignmentOut:
     return await in_thread(request, service.alignment.align, who, run_id, body.hashed_ids)
+
+
+@router.post(
+    "/v1/runs/{run_id}/alignment/keys",
+    tags=["runs"],
+    **contract(
+        consumes=MSGPACK,
+        message=("AlignRequest", "AlignReply"),
+        problems=(
+            *AUTHENTICATED,
+            P.NOT_FOUND,
+            *WITH_BODY,
+            P.MALFORMED_MESSAGE,
+            P.INVALID_REQUEST,
+            P.LIMIT_EXCEEDED,
+            P.RUN_STATE,
+        ),
+    ),
+)
+async def align_keys(
+    request: Request, run_id: str, who: Annotated[Caller, allowed(A.ALIGN)], service: ServiceDep
+) -> Response:
+    """The alignment in binary: key prefixes in, a bitmap of the kept ones out (16 bytes and
+    one bit per id instead of about 135 bytes of JSON)."""
+    body = await request.body()
+    return msgpack(await in_thread(request, service.alignment.align_keys, who, run_id, body))
