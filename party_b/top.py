@@ -130,6 +130,13 @@ class TopTrainer:
         """Forward only: mean loss and metrics (accuracy; AUC for two classes; recall@5)."""
         logits = self._logits(z_tilde, side)
         loss, n = self._loss(logits, targets)
+        if not bool(torch.isfinite(loss)):
+            # finite outputs so large that the loss overflows (+3e38 activations): refused
+            # like outputs that overflow, never answered (and stored) as an infinite loss
+            raise OutputNotFinite(
+                f"the loss is not finite for these activations (largest |z~| = "
+                f"{float(z_tilde.abs().max()):.3g}): their outputs are too large to score"
+            )
         metrics = self._batch_metrics(logits, targets)
         if self.task == "classification" and logits.shape[1] == 2:
             labels = targets.numpy()

@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
     try:
-        from party_a.config import check_environment  # pydantic: not for --help
+        from party_a.environment import check_environment
 
         check_environment(os.environ)
         code: int = args.func(args)

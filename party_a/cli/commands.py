@@ -7,6 +7,7 @@ Each raises :class:`party_a.errors.FedliteError` (or ValueError / OSError) for
 import argparse
 import csv
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -172,7 +173,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             "http_bytes_sent": http[0],
             "http_bytes_received": http[1],
         }
-        Path(args.summary_json).write_text(json.dumps(data, indent=2, default=str) + "\n")
+        text = json.dumps(_json_number(data), indent=2, default=str, allow_nan=False)
+        Path(args.summary_json).write_text(text + "\n")
     return 0
 
 
@@ -191,8 +193,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         phase("evaluating the %s split", args.split)
         answer = trainer.evaluate(args.split, raw=args.raw)
     split = f"{args.split}+raw" if args.raw else args.split
-    print(json.dumps({"split": split, "n": answer.n, "loss": answer.loss, **answer.metrics}))
+    shown = {"split": split, "n": answer.n, "loss": answer.loss, **answer.metrics}
+    # a value party B withholds (NaN) is null: JSON has no NaN, and "NaN" breaks parsers
+    print(json.dumps(_json_number(shown)))
     return 0
+
+
+def _json_number(value: object) -> object:
+    """``value`` with every NaN or infinite float (a withheld loss) as None, in dicts too."""
+    if isinstance(value, dict):
+        return {k: _json_number(v) for k, v in value.items()}
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -209,7 +220,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     out = open(args.out, "w", newline="") if args.out else sys.stdout  # noqa: SIM115
     try:
         writer = csv.writer(out)
-        writer.writerow(["id", *[f"score_{c}" for c in range(answer.scores.shape[1])]])
+        # the ids under the table's own id column name, so the scores join back onto it
+        header = [args.id_column, *[f"score_{c}" for c in range(answer.scores.shape[1])]]
+        writer.writerow(header)
         for i, row in zip(answer.ids, answer.scores.tolist(), strict=True):
             writer.writerow([i, *[f"{v:.6f}" for v in row]])
     finally:

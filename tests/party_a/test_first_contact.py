@@ -45,6 +45,7 @@ def test_train_says_each_phase_as_it_begins(world: tuple[str, Path, Path], tmp_p
     phases = re.findall(r"^fedlite-a: \[\s*([\d.]+) s\] (.*)$", ran.stderr, flags=re.M)
     said = [text for _seconds, text in phases]
     expected = [
+        "checking",
         "loading features from",
         "features: 569 rows, 20 columns",
         "creating run 'phases' at party B",
@@ -103,7 +104,8 @@ def test_a_wrong_column_is_told_from_the_header_before_torch_loads(
     )  # fmt: skip
     assert code == 2 and not torch, err
     assert "no id column (--id-column) 'ID' (did you mean 'id'?)" in err
-    assert "its columns: id, f00," in err and len(err.strip().splitlines()) == 1
+    said = [line for line in err.strip().splitlines() if not line.startswith("fedlite-a: [")]
+    assert "its columns: id, f00," in err and len(said) == 1
 
     code, torch, err = _probe(
         "party_b.ops.cli", "serve", "--labels", str(labels), "--label-column", "label",
