@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS
+from benchmarks.report_first_contact import first_contact_table
 from benchmarks.report_wan import staleness_table, wan_table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md"
@@ -302,6 +303,11 @@ def render() -> str:
         ("Traffic both ways, and accuracy, per representation", "traffic", traffic_table),
         ("Across a WAN (namespaces, tbf, latency proxy)", "wan", wan_table),
         ("Accuracy against pipeline depth K", "staleness", staleness_table),
+        (
+            "First contact: start-up, alignment bytes, the first lines",
+            "first_contact",
+            first_contact_table,
+        ),
     ]
     one, default = _load("quantizer-1thread"), _load("quantizer")
     if one is not None:

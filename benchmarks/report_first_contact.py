@@ -1,0 +1,68 @@
+"""Tables of the first-contact benchmark (``first_contact.json``) for ``benchmarks.report``:
+command start-up, alignment bytes before and after the binary alignment, and when a first
+``fedlite-a train`` says what."""
+
+from typing import Any
+
+__all__ = ["first_contact_table"]
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def first_contact_table(doc: dict[str, Any]) -> list[str]:
+    load = f"load average {doc['loadavg_before'][0]:.1f} → {doc['loadavg_after'][0]:.1f}"
+    lines = [
+        f"*{doc['when']}, {doc['machine']['cpus']} CPUs (shared), {load}; "
+        f"`{doc['command']}`; party A {doc['sizes']['party_a_ids']:,} ids, party B "
+        f"{doc['sizes']['party_b_ids']:,} (FATE default_credit)*",
+        "",
+        "| command (fresh process) | median | fastest |",
+        "|---|---|---|",
+    ]
+    for name, t in doc["startup"].items():
+        lines.append(f"| `{name}` | {t['median_s']:.2f} s | {t['min_s']:.2f} s |")
+    b = doc["alignment_bytes"]
+    lines += [
+        "",
+        f"| on the wire ({b['psi']['common']:,} ids in common) | up | down | total |",
+        "|---|---|---|---|",
+    ]
+    for key, what in (
+        ("psi", "PSI (`POST /v1/psi`)"),
+        ("json", "alignment, JSON (hex keys both ways; before)"),
+        ("keys", "alignment, binary (16-byte prefixes up, a bit per key down)"),
+    ):
+        part = b[key]
+        lines.append(
+            f"| {what} | {_mb(part['sent'])} | {_mb(part['received'])} | {_mb(part['total'])} |"
+        )
+    before, after = b["first_contact_before"], b["first_contact_after"]
+    ratio = before / after
+    lines.append(
+        f"| **PSI + alignment** | | | {_mb(before)} → **{_mb(after)}** ({ratio:.1f}x less) |"
+    )
+    lines += [
+        "",
+        "| `fedlite-a train`, 20 steps, as soon as party B is up | first line | training began "
+        "| done |",
+        "|---|---|---|---|",
+    ]
+    for key, what in (("baseline", "before (the release without phases)"), ("current", "now")):
+        t = doc.get(key)
+        if t is None:
+            continue
+        began = "–" if t["training_started_s"] is None else f"{t['training_started_s']:.1f} s"
+        lines.append(f"| {what} | {t['first_line_s']:.1f} s | {began} | {t['total_s']:.1f} s |")
+    current = doc.get("current")
+    if current:
+        lines += [
+            "",
+            "What `fedlite-a train` said before its first step (seconds since launch):",
+            "",
+            "```",
+        ]
+        lines += [f"{s:6.1f}  {text}" for s, text in current["lines"]]
+        lines += ["```"]
+    return lines
