@@ -186,18 +186,24 @@ def timeline(root: Path, features: Path, labels: Path, work: Path) -> dict[str, 
     if code != 0:
         raise RuntimeError(f"train exited {code}:\n" + "\n".join(t for _s, t in lines))
     summary = json.loads((work / "summary.json").read_text())
-    training = next((s for s, t in lines if "training: steps" in t), None)
+    first_step = next(s for s, t in lines if t.startswith("step 1/"))  # the progress line
+
+    def clean(text: str) -> str:  # no machine paths in the results
+        return text.replace(str(work.parent), "<tmp>")
+
     return {
         "party_b_healthy_after_s": round(party_b.healthy_after, 2),
-        "first_line_s": round(lines[0][0], 2) if lines else None,
-        "training_started_s": round(training, 2) if training is not None else None,
+        "first_line_s": round(lines[0][0], 2),
+        "first_step_s": round(first_step, 2),
         "total_s": round(total, 2),
-        "lines": [[round(s, 2), text] for s, text in lines if s <= (training or total)][:20],
+        "lines": [[round(s, 2), clean(text)] for s, text in lines if s <= first_step][:20],
         "alignment_bytes": summary.get("alignment_bytes"),
         "http_bytes_sent": summary.get("http_bytes_sent"),
         "http_bytes_received": summary.get("http_bytes_received"),
         "party_b_log": [
-            line for line in party_b.log.read_text().splitlines() if "fedlite.party_b" in line
+            clean(line)
+            for line in party_b.log.read_text().splitlines()
+            if "fedlite.party_b" in line
         ][:12],
     }
 
@@ -266,6 +272,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--baseline-root", type=Path, help="another checkout to time first")
+    parser.add_argument(
+        "--baseline-label", default="another checkout", help="what --baseline-root is (recorded)"
+    )
     args = parser.parse_args()
     if not PAIR.is_dir():
         sys.exit(f"no FATE data at {PAIR} (set FEDLITE_SHARED_DATA)")
@@ -291,6 +300,12 @@ def main() -> None:
     result["loadavg_before"] = load_before
     result["loadavg_after"] = os.getloadavg()
     result["versions"] = versions("torch", "httpx", "openmined.psi")
+    # the command as run, with the baseline named rather than its path on this machine
+    result["command"] = "python -m benchmarks.first_contact" + (
+        f" --baseline-root <{args.baseline_label}>" if args.baseline_root else ""
+    )
+    if args.baseline_root is not None:
+        result["baseline"]["label"] = args.baseline_label
     print(write_result("first_contact", result))
 
 

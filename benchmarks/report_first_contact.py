@@ -45,16 +45,19 @@ def first_contact_table(doc: dict[str, Any]) -> list[str]:
     )
     lines += [
         "",
-        "| `fedlite-a train`, 20 steps, as soon as party B is up | first line | training began "
-        "| done |",
+        "| `fedlite-a train`, 20 steps, as soon as party B is up | first line | step 1 done "
+        "| all done |",
         "|---|---|---|---|",
     ]
-    for key, what in (("baseline", "before (the release without phases)"), ("current", "now")):
+    for key in ("baseline", "current"):
         t = doc.get(key)
         if t is None:
             continue
-        began = "–" if t["training_started_s"] is None else f"{t['training_started_s']:.1f} s"
-        lines.append(f"| {what} | {t['first_line_s']:.1f} s | {began} | {t['total_s']:.1f} s |")
+        what = f"before ({t['label']})" if key == "baseline" else "now"
+        lines.append(
+            f"| {what} | {t['first_line_s']:.1f} s | {t['first_step_s']:.1f} s | "
+            f"{t['total_s']:.1f} s |"
+        )
     current = doc.get("current")
     if current:
         lines += [

@@ -49,9 +49,9 @@ Example (every table but [run] is optional)::
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api_schemas import BatchScheduleSpec, OptimizerSpec, QuantizerSpec, RunCreate, ShuffleSchedule
 from party_a.environment import ENVIRONMENT, check_environment
@@ -123,13 +123,14 @@ class PartyAConfig(_Strict):
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
     data: DataSection = Field(default_factory=DataSection)
 
-    @model_validator(mode="after")
-    def _known_model(self) -> Self:
+    def check_model(self) -> None:
+        """ConfigError for a model name the registry does not know. Not a validator: the
+        registry loads torch (seconds), and reading a config (``finish``, ``show``, or
+        ``train`` before its first line of output) should not."""
         from shared.models import MODEL_NAMES
 
         if self.run.model not in MODEL_NAMES:
-            raise ValueError(f"unknown model {self.run.model!r}; known: {list(MODEL_NAMES)}")
-        return self
+            raise ConfigError(f"unknown model {self.run.model!r}; known: {list(MODEL_NAMES)}")
 
     def run_create(self, cut_dim: int) -> RunCreate:
         """The run as party B sees it (lambda and the bottom model stay with party A)."""

@@ -103,6 +103,7 @@ def open_session(
         # the table before torch: a wrong column is told in a second, not after the imports
         columns = stored.transform["columns"] if stored else config.data.feature_columns
         table = _features(features, id_column, columns or None, config)
+        config.check_model()  # the model registry: torch, which the trainer needs next
         from party_a.trainer import PartyATrainer  # torch
 
         yield PartyATrainer(

@@ -100,6 +100,17 @@ def test_q_that_does_not_divide_the_cut_width_is_one_line(
     ]
 
 
+def test_an_unknown_model_is_one_line_after_the_table_checks(
+    party_b: dict[str, Path | str], tmp_path: Path
+) -> None:
+    code, _out, err = _train(
+        str(party_b["url"]), Path(party_b["features"]), tmp_path / "a", "--model", "resnet"
+    )
+    said = [line for line in err.splitlines() if not line.startswith("fedlite-a: [")]
+    assert code == 2 and len(said) == 1, err
+    assert said[0].startswith("fedlite-a train: unknown model 'resnet'; known: [")
+
+
 def test_train_help_explains_every_flag_and_shows_an_example() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")  # the subcommands
