@@ -208,6 +208,16 @@ def timeline(root: Path, features: Path, labels: Path, work: Path) -> dict[str, 
     }
 
 
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run whose first step came at the median time, with every run's timings."""
+    ordered = sorted(runs, key=lambda r: r["first_step_s"])
+    median = dict(ordered[len(ordered) // 2])
+    median["all_runs"] = [
+        {k: r[k] for k in ("first_line_s", "first_step_s", "total_s")} for r in runs
+    ]
+    return median
+
+
 # ---------------------------------------------------------------------------- bytes
 
 
@@ -270,7 +280,10 @@ def alignment_bytes(url: str, features: Path, work: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each start-up command")
+    parser.add_argument(
+        "--timelines", type=int, default=3, help="first-contact runs of each checkout"
+    )
     parser.add_argument("--baseline-root", type=Path, help="another checkout to time first")
     parser.add_argument(
         "--baseline-label", default="another checkout", help="what --baseline-root is (recorded)"
@@ -283,11 +296,15 @@ def main() -> None:
         work = Path(tmp)
         features, labels = tables(work)
         result: dict[str, Any] = {"sizes": {"party_a_ids": A_IDS, "party_b_ids": B_IDS}}
+        roots = {"current": ROOT}
         if args.baseline_root is not None:
-            result["baseline"] = timeline(
-                args.baseline_root.resolve(), features, labels, work / "base"
-            )
-        result["current"] = timeline(ROOT, features, labels, work / "current")
+            roots = {"baseline": args.baseline_root.resolve(), **roots}
+        runs: dict[str, list[dict[str, Any]]] = {key: [] for key in roots}
+        for i in range(args.timelines):  # interleaved: the checkouts share the machine's noise
+            for key, root in roots.items():
+                runs[key].append(timeline(root, features, labels, work / f"{key}-{i}"))
+        for key, timed in runs.items():
+            result[key] = _median_run(timed)
         from party_a.session import open_state
 
         open_state(work / "empty-state", create=True).close()

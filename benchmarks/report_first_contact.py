@@ -45,8 +45,8 @@ def first_contact_table(doc: dict[str, Any]) -> list[str]:
     )
     lines += [
         "",
-        "| `fedlite-a train`, 20 steps, as soon as party B is up | first line | step 1 done "
-        "| all done |",
+        "| `fedlite-a train`, 20 steps, as soon as party B is up (median run; every run) "
+        "| first line | step 1 done | all done |",
         "|---|---|---|---|",
     ]
     for key in ("baseline", "current"):
@@ -54,15 +54,21 @@ def first_contact_table(doc: dict[str, Any]) -> list[str]:
         if t is None:
             continue
         what = f"before ({t['label']})" if key == "baseline" else "now"
+        every = t.get("all_runs", [t])
+
+        def cell(name: str, t: dict[str, Any] = t, every: list[dict[str, Any]] = every) -> str:
+            each = ", ".join(f"{r[name]:.1f}" for r in every)
+            return f"{t[name]:.1f} s ({each})" if len(every) > 1 else f"{t[name]:.1f} s"
+
         lines.append(
-            f"| {what} | {t['first_line_s']:.1f} s | {t['first_step_s']:.1f} s | "
-            f"{t['total_s']:.1f} s |"
+            f"| {what} | {cell('first_line_s')} | {cell('first_step_s')} | {cell('total_s')} |"
         )
     current = doc.get("current")
     if current:
         lines += [
             "",
-            "What `fedlite-a train` said before its first step (seconds since launch):",
+            "What `fedlite-a train` said before its first step, in the median run (seconds "
+            "since launch):",
             "",
             "```",
         ]
