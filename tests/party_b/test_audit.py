@@ -107,3 +107,19 @@ def test_audit_refuses_a_bad_time_in_one_line(party_b: tuple[str, Path]) -> None
     ran = run_cli("b", "audit", "--since", "last tuesday", "--data-dir", str(data_dir))
     assert ran.returncode == 2 and "--since 'last tuesday'" in ran.stderr
     assert len(ran.stderr.strip().splitlines()) == 1
+
+
+def test_the_operators_deletion_is_in_the_trail(party_b: tuple[str, Path]) -> None:
+    url, data_dir = party_b
+    with _client(url, TOKEN) as trainer:
+        run = aligned_run(trainer)
+    deleted = run_cli("b", "runs", "delete", run.id, "--data-dir", str(data_dir))
+    assert deleted.returncode == 0, deleted.stderr
+
+    trail = run_cli("b", "audit", "--run", run.id, "--jsonl", "--data-dir", str(data_dir))
+    actions = [(e["action"], e["actor"]) for e in map(json.loads, trail.stdout.splitlines())]
+    assert actions == [
+        ("create-run", "t"),
+        ("align", "t"),
+        ("delete", "operator (fedlite-b runs delete)"),
+    ]
