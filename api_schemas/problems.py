@@ -19,7 +19,8 @@ _PREFIX = "urn:fedlite:problem:"
 class ProblemType(StrEnum):
     """Stable problem types. Adding one is fine; renaming one breaks clients."""
 
-    UNAUTHORIZED = _PREFIX + "unauthorized"  # no, malformed or revoked token
+    UNAUTHORIZED = _PREFIX + "unauthorized"  # no, malformed, revoked or expired token
+    FORBIDDEN = _PREFIX + "forbidden"  # a valid token whose scope does not cover the route
     NOT_FOUND = _PREFIX + "not-found"  # no such route, or a run the token cannot see
     METHOD_NOT_ALLOWED = _PREFIX + "method-not-allowed"
     MALFORMED_MESSAGE = _PREFIX + "malformed-message"  # msgpack body failed to decode
@@ -51,6 +52,7 @@ class ProblemKind(NamedTuple):
 
 PROBLEMS: dict[ProblemType, ProblemKind] = {
     ProblemType.UNAUTHORIZED: ProblemKind(401, "Unauthorized"),
+    ProblemType.FORBIDDEN: ProblemKind(403, "Forbidden"),
     ProblemType.NOT_FOUND: ProblemKind(404, "Not found"),
     ProblemType.METHOD_NOT_ALLOWED: ProblemKind(405, "Method not allowed"),
     ProblemType.MALFORMED_MESSAGE: ProblemKind(400, "Malformed message"),

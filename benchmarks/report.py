@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS
+from benchmarks.report_first_contact import first_contact_table
 from benchmarks.report_floor import floor_breakdown_table, floor_locust_table, floor_table
 from benchmarks.report_wan import staleness_table, wan_table
 
@@ -376,6 +377,11 @@ def render() -> str:
         ("Across a WAN (namespaces, tbf, latency proxy)", "wan", wan_table),
         ("Accuracy against pipeline depth K", "staleness", staleness_table),
         ("On a GPU (benchmarks/device_check.py)", "device_check", device_check_tables),
+        (
+            "First contact: start-up, alignment bytes, the first lines",
+            "first_contact",
+            first_contact_table,
+        ),
     ]
     one, default = _load("quantizer-1thread"), _load("quantizer")
     if one is not None:

@@ -39,6 +39,8 @@ def connect(
     state_dir: str | Path | None = None,
     id_column: str = "id",
     ca_bundle: str | Path | None = None,
+    client_cert: str | Path | None = None,
+    client_key: str | Path | None = None,
     retry_for: float = 300.0,
     device: str | None = None,
 ) -> Iterator[PartyATrainer]:
@@ -52,6 +54,11 @@ def connect(
             ``PartyAConfig``; ``overrides``: dotted keys on top, e.g. ``{"run.steps": 50}``.
         state_dir: party A's state directory (default: FEDLITE_A_STATE_DIR or
             ./fedlite-a-state, as for the CLI).
+        ca_bundle: the CA certificates (PEM) that signed party B's certificate, when it is
+            not one this machine trusts.
+        client_cert, client_key: party A's client certificate and its key (PEM), for a
+            party B with mutual TLS (docs/DEPLOY.md section 2); ``token`` may then be empty
+            if party B's operator made the certificate the credential.
         retry_for: seconds to keep retrying party B when it is unreachable or restarting.
         device: where party A computes ("cpu", "cuda", "cuda:N", "auto"), over ``[run] device``;
             one this machine lacks raises ``shared.devices.DeviceUnavailable`` (a ValueError).
@@ -74,6 +81,8 @@ def connect(
             create=True,
             id_column=id_column,
             ca_bundle=Path(ca_bundle) if ca_bundle else None,
+            client_cert=Path(client_cert) if client_cert else None,
+            client_key=Path(client_key) if client_key else None,
             retry_for=retry_for,
         ) as trainer:
             trainer.prepare(create=True)

@@ -30,6 +30,7 @@ from party_a.config import PartyAConfig
 from party_a.errors import ConfigError, NotFound, RunNotFound
 from party_a.features import FeatureTable
 from party_a.loop import LoopSettings, StepRecord, TrainSummary, run_steps
+from party_a.phases import phase
 from party_a.store import LocalRun, LocalStep, LocalStore, PsiResult
 from party_a.transport import Transport
 from shared import codec
@@ -117,6 +118,7 @@ class PartyATrainer:
         has no record of is :class:`RunNotFound`, never a new, untrained run at party B."""
         local = self._local_run(create=create)
         if local is None:
+            phase("creating run %r at party B", self.config.run.name)
             remote = self.transport.create_run(
                 self.config.run_create(self.cut_dim), self._create_key()
             )
@@ -132,6 +134,7 @@ class PartyATrainer:
             log.info("created run %s at party B", remote.id)
         else:
             remote = self._get_run(local)
+            phase("run %r: %s at party B, step %d", local.name, remote.status.value, remote.step)
         self.local = local
         self.schedule_version = remote.config.schedule_version  # party B's record decides
         self.data, answer = align_run(
@@ -210,9 +213,8 @@ class PartyATrainer:
         self.bottom.load_state(checkpoint.model_state, checkpoint.optimizer_state)
         self.step = checkpoint.step
         self.store.forget_after(self.local.id, checkpoint.step)
-        log.info(
-            "resuming run %s from local checkpoint at step %d", self.local.remote_id, self.step
-        )
+        if self.step:
+            phase("restored party A's checkpoint at step %d", self.step)
 
     def _fingerprint(self) -> dict[str, Any]:
         """The config a local run is found again by. Settings added since at their old

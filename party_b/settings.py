@@ -109,6 +109,11 @@ class Settings(BaseSettings):
     )
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
+    ssl_ca_certs: Path | None = Field(
+        default=None,
+        description="mutual TLS: CA certificates (PEM) whose client certificates party B "
+        "accepts; set, every connection must present one (docs/DEPLOY.md)",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = Field(
         default="text", description="one line per record: text, or one JSON object"
@@ -220,8 +225,9 @@ def check_environment(environ: Mapping[str, str]) -> None:
 
 _FLAG_FIELDS = (
     "host", "port", "data_dir", "database_url", "labels", "id_column", "label_column",
-    "group_column", "label_source", "tokens", "ssl_certfile", "ssl_keyfile", "log_level",
-    "log_format", "access_log", "torch_threads", "worker_threads", "privacy", "device",
+    "group_column", "label_source", "tokens", "ssl_certfile", "ssl_keyfile", "ssl_ca_certs",
+    "log_level", "log_format", "access_log", "torch_threads", "worker_threads", "privacy",
+    "device",
 )  # fmt: skip
 
 

@@ -156,6 +156,13 @@ class TopTrainer:
         labels = targets.numpy()
         targets, _ = self._on_device(targets, None)
         loss, n = self._loss(logits, targets)
+        if not bool(torch.isfinite(loss)):
+            # finite outputs so large that the loss overflows (+3e38 activations): refused
+            # like outputs that overflow, never answered (and stored) as an infinite loss
+            raise OutputNotFinite(
+                f"the loss is not finite for these activations (largest |z~| = "
+                f"{float(z_tilde.abs().max()):.3g}): their outputs are too large to score"
+            )
         metrics = self._batch_metrics(logits, targets)
         if self.task == "classification" and logits.shape[1] == 2:
             scores = torch.softmax(logits, dim=1)[:, 1].cpu().numpy()

@@ -7,6 +7,7 @@ Each raises :class:`party_a.errors.FedliteError` (or ValueError / OSError) for
 import argparse
 import csv
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -15,8 +16,8 @@ from typing import TYPE_CHECKING
 from party_a.cli.options import connection, local_runs, run_not_found, session_from_args
 from party_a.cli.report import progress, summary_rows
 from party_a.errors import ConfigError, RunNotFound
+from party_a.phases import phase
 from party_a.session import open_state
-from shared.accounting import compression_report
 
 if TYPE_CHECKING:
     from party_a.store import LocalRun, LocalStore
@@ -42,6 +43,8 @@ __all__ = [
 
 
 def cmd_ratio(args: argparse.Namespace) -> int:
+    from shared.accounting import PAPER_PHI, compression_report  # torch: only for this command
+
     try:
         report = compression_report(
             d=args.d,
@@ -49,7 +52,7 @@ def cmd_ratio(args: argparse.Namespace) -> int:
             q=args.q,
             L=args.L,
             R=args.R,
-            phi=args.phi,
+            phi=args.phi if args.phi is not None else PAPER_PHI,
             codebook_dtype=args.codebook_dtype,
         )
     except ValueError as exc:
@@ -70,7 +73,13 @@ def _transport(
     from party_a.transport.http import HttpTransport
 
     return HttpTransport(
-        server, token, ca_bundle=args.ca_bundle, retry_for=args.retry_for, timeout=timeout
+        server,
+        token,
+        ca_bundle=args.ca_bundle,
+        client_cert=args.client_cert,
+        client_key=args.client_key,
+        retry_for=args.retry_for,
+        timeout=timeout,
     )
 
 
@@ -133,11 +142,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{remote.step}, party A at step {trainer.step}; "
             f"{remote.alignment.aligned if remote.alignment else '?'} aligned samples"
         )
+        if trainer.step < trainer.config.run.steps:
+            phase("training: steps %d to %d", trainer.step + 1, trainer.config.run.steps)
         with progress(console, total=trainer.config.run.steps, start=trainer.step) as on_step:
             trainer.on_step = on_step
             summary = trainer.train()
         metrics: dict[str, float] = {}
         if not args.no_evaluate and len(trainer.eval_pos):
+            phase("evaluating on %s held-out samples", f"{len(trainer.eval_pos):,}")
             answer = trainer.evaluate("eval")
             metrics = {
                 "eval_loss": answer.loss,
@@ -161,7 +173,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             "http_bytes_sent": http[0],
             "http_bytes_received": http[1],
         }
-        Path(args.summary_json).write_text(json.dumps(data, indent=2, default=str) + "\n")
+        text = json.dumps(_json_number(data), indent=2, default=str, allow_nan=False)
+        Path(args.summary_json).write_text(text + "\n")
     return 0
 
 
@@ -177,10 +190,20 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     with session_from_args(args, create=False) as (trainer, _remote):
+        phase("evaluating the %s split", args.split)
         answer = trainer.evaluate(args.split, raw=args.raw)
     split = f"{args.split}+raw" if args.raw else args.split
-    print(json.dumps({"split": split, "n": answer.n, "loss": answer.loss, **answer.metrics}))
+    shown = {"split": split, "n": answer.n, "loss": answer.loss, **answer.metrics}
+    # a value party B withholds (NaN) is null: JSON has no NaN, and "NaN" breaks parsers
+    print(json.dumps(_json_number(shown)))
     return 0
+
+
+def _json_number(value: object) -> object:
+    """``value`` with every NaN or infinite float (a withheld loss) as None, in dicts too."""
+    if isinstance(value, dict):
+        return {k: _json_number(v) for k, v in value.items()}
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -192,11 +215,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if not ids:
         raise ConfigError("give ids with --ids a,b,c or --ids-file FILE")
     with session_from_args(args, create=False, serving=True) as (trainer, _remote):
+        phase("scoring %s ids", f"{len(ids):,}")
         answer = trainer.predict(ids, raw=args.raw)
     out = open(args.out, "w", newline="") if args.out else sys.stdout  # noqa: SIM115
     try:
         writer = csv.writer(out)
-        writer.writerow(["id", *[f"score_{c}" for c in range(answer.scores.shape[1])]])
+        # the ids under the table's own id column name, so the scores join back onto it
+        header = [args.id_column, *[f"score_{c}" for c in range(answer.scores.shape[1])]]
+        writer.writerow(header)
         for i, row in zip(answer.ids, answer.scores.tolist(), strict=True):
             writer.writerow([i, *[f"{v:.6f}" for v in row]])
     finally:

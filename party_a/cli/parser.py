@@ -7,7 +7,6 @@ from typing import Any
 
 from party_a.cli import commands
 from party_a.session import state_dir_default
-from shared.accounting import PAPER_PHI
 
 __all__ = ["build_parser"]
 
@@ -23,6 +22,20 @@ def _connection_flags(parser: argparse.ArgumentParser, *, retry_for: float = 300
         type=Path,
         default=os.environ.get("FEDLITE_A_CA_BUNDLE") or None,
         help="CA certificates to trust for party B's TLS certificate (or FEDLITE_A_CA_BUNDLE)",
+    )
+    parser.add_argument(
+        "--client-cert",
+        type=Path,
+        default=os.environ.get("FEDLITE_A_CLIENT_CERT") or None,
+        help="party A's client certificate (PEM) for a party B with mutual TLS "
+        "(or FEDLITE_A_CLIENT_CERT)",
+    )
+    parser.add_argument(
+        "--client-key",
+        type=Path,
+        default=os.environ.get("FEDLITE_A_CLIENT_KEY") or None,
+        help="its private key, unencrypted PEM (or FEDLITE_A_CLIENT_KEY; default: in the "
+        "certificate's file)",
     )
     parser.add_argument(
         "--retry-for",
@@ -65,13 +78,27 @@ def _session_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="run config (TOML); flags override it")
     parser.add_argument("--name", help="run name (config [run] name)")
     parser.add_argument("--model", help="split model (config [run] model)")
-    parser.add_argument("--steps", type=int)
-    parser.add_argument("--batch-size", type=int)
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--checkpoint-interval", type=int)
-    parser.add_argument("--eval-fraction", type=float)
+    parser.add_argument("--steps", type=int, help="training steps in all (config [run] steps)")
+    parser.add_argument(
+        "--batch-size", type=int, help="samples per step (per client with the clients schedule)"
+    )
+    parser.add_argument(
+        "--seed", type=int, help="seeds the split, the batches and the model (config [run] seed)"
+    )
+    parser.add_argument(
+        "--checkpoint-interval",
+        type=int,
+        help="steps between checkpoints both parties keep (a restart resumes from one)",
+    )
+    parser.add_argument(
+        "--eval-fraction",
+        type=float,
+        help="share of the aligned samples held out for evaluation, e.g. 0.2",
+    )
     parser.add_argument("--mode", choices=["pq", "raw"], help="pq = FedLite, raw = SplitFed")
-    parser.add_argument("--q", type=int, help="subvectors per activation")
+    parser.add_argument(
+        "--q", type=int, help="subvectors per activation (must divide the cut width)"
+    )
     parser.add_argument("--L", type=int, help="centroids per group")
     parser.add_argument("--R", type=int, help="groups")
     parser.add_argument("--lambda", dest="lam", type=float, help="gradient correction strength")
@@ -173,8 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedlite-a",
         description="FedLite-VFL party A: the feature holder's trainer.",
-        epilog="Exit codes: 0 done; 1 party B refused or could not be reached; 2 a "
-        "configuration or usage error (retrying will not fix it).",
+        epilog="Exit codes: 0 done; 1 party B refused the request or could not be reached; "
+        "2 a configuration or usage error, or a token party B does not accept (retrying "
+        "will not fix it).",
     )
     _global_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -200,7 +228,19 @@ def build_parser() -> argparse.ArgumentParser:
     _connection_flags(check, retry_for=5.0)
     check.set_defaults(func=commands.cmd_check)
 
-    train = _add(sub, "train", help="train (or resume) a run with party B")
+    train = _add(
+        sub,
+        "train",
+        help="train (or resume) a run with party B",
+        description="Create the run at party B (or find it again by its [run] name), align "
+        "the ids (private set intersection), train, evaluate on the held-out split at party B "
+        "and finish. Run the same command again after an interruption: it resumes. Flags "
+        "override the --config file; every config key is in party_a/config.py.",
+        epilog="example:\n  fedlite-a train --server https://partyb.example.org:8443 "
+        "--ca-bundle ca.crt \\\n    --features features.csv --id-column customer_id "
+        "--config run.toml --steps 300\n(the token from FEDLITE_A_TOKEN; see docs/DEPLOY.md)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _session_flags(train)
     train.add_argument("--no-evaluate", action="store_true", help="skip the held-out evaluation")
     train.add_argument("--no-finish", action="store_true", help="leave the run open at party B")
@@ -251,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     ratio.add_argument("--L", type=int, required=True, help="centroids per group")
     ratio.add_argument("--R", type=int, default=1, help="groups (default 1)")
     ratio.add_argument(
-        "--phi", type=int, default=PAPER_PHI, help="bits per float in the paper's formula"
+        "--phi", type=int, help="bits per float in the paper's formula (default: its 64)"
     )
     ratio.add_argument("--codebook-dtype", choices=["float32", "float16"], default="float32")
     ratio.set_defaults(func=commands.cmd_ratio)

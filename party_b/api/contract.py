@@ -38,9 +38,9 @@ MSGPACK = MSGPACK_CONTENT_TYPE
 _ALSO_ACCEPTED = {MSGPACK: {"application/x-msgpack"}}  # a common older name
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 
-# Problems every authenticated route can answer (503 while party B drains: party_b.api.lifecycle),
-# and every route with a body.
-AUTHENTICATED = (ProblemType.UNAUTHORIZED, ProblemType.UNAVAILABLE)
+# Problems every authenticated route can answer (401; 403 for a token outside its scope,
+# party_b.access; 503 while party B drains: party_b.api.lifecycle), and every route with a body.
+AUTHENTICATED = (ProblemType.UNAUTHORIZED, ProblemType.FORBIDDEN, ProblemType.UNAVAILABLE)
 WITH_BODY = (ProblemType.PAYLOAD_TOO_LARGE, ProblemType.UNSUPPORTED_MEDIA_TYPE)
 
 

@@ -7,6 +7,7 @@ in worker threads so the event loop keeps serving other runs, health checks and 
 
 import importlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -41,7 +42,19 @@ log = logging.getLogger("fedlite.party_b")
 
 def create_app(settings: Settings, *, labels: LabelSource | None = None) -> FastAPI:
     """Build party B: database, label table, tokens, service, routes."""
-    labels = labels if labels is not None else load_labels(settings)
+    if labels is None:
+        log.info("loading the label table %s", settings.labels or settings.label_source)
+        started = time.perf_counter()
+        labels = load_labels(settings)
+        labelled = labels.labeled
+        log.info(
+            "label table: %d ids (%d labelled), %d classes, %d feature columns (%.1f s)",
+            len(labels.ids),
+            len(labels.ids) if labelled is None else int(labelled.sum()),
+            labels.num_outputs,
+            labels.side_width,
+            time.perf_counter() - started,
+        )
     engine, sessions = open_database(settings)
     metrics = Metrics()
     service = build_service(

@@ -6,6 +6,7 @@
     fedlite-b db backup --to FILE        online backup of the SQLite file, safe while serving
     fedlite-b db copy --from URL --to URL   move the state to another database (B stopped)
     fedlite-b runs list|show ID|delete ID   every caller's runs (delete: party B stopped)
+    fedlite-b audit [--totals] [--jsonl]  who did what to which run, with how many ids, when
     fedlite-b health                     exit 0 if the local server answers /healthz
     fedlite-b export --run ID --out DIR  a trained run's top model and transform, for serving
     fedlite-b demo-data --out FILE       party B's half of the bundled demo data
@@ -19,6 +20,7 @@ file), which a restart will not fix.
 
 import argparse
 import logging
+import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,28 +52,29 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     )
     if settings.database_url is None:
         create_private_database(settings.resolved_database_url())
+    log = logging.getLogger("fedlite.party_b")
+    log.info("starting party B: loading torch and the web framework")
+
+    import threading
 
     import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     from party_b.api import create_app
     from party_b.device import use_device
+    from party_b.drain import DrainingServer, checkpoint_live_runs
+    from party_b.ops.mtls import tls_protocol
     from shared import threads
 
     if settings.torch_threads:
         threads.pin(settings.torch_threads)  # every run's steps then take it (shared.threads)
     use_device(settings.device)  # before any run loads: StartupError naming the fix
     app = create_app(settings)
-    engine = make_engine(settings.resolved_database_url())
-    try:
-        with make_session_factory(engine)() as session:
-            active = store.active_tokens(session)
-    finally:
-        engine.dispose()  # an idle connection left open would keep the WAL from folding in
-    if not active:
-        raise StartupError(
-            "no active API tokens; issue one with 'fedlite-b token issue --name <caller>' "
-            "or set FEDLITE_B_TOKENS"
-        )
+    _check_tokens(settings, log)
+    # party B's blinded ids, built now (seconds per 10,000 ids) and not on party A's first PSI
+    threading.Thread(
+        target=app.state.service.alignment.warm_up, name="psi-set-up", daemon=True
+    ).start()
     server_config = uvicorn.Config(
         app,
         host=settings.host,
@@ -81,10 +84,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         access_log=settings.access_log != "off",
         ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
         ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
+        # mutual TLS: a client certificate from these CAs, or no handshake
+        ssl_ca_certs=str(settings.ssl_ca_certs) if settings.ssl_ca_certs else None,
+        ssl_cert_reqs=ssl.CERT_REQUIRED if settings.ssl_ca_certs else ssl.CERT_NONE,
+        http=tls_protocol(AutoHTTPProtocol),  # the client certificate's subject, to the app
         timeout_graceful_shutdown=10,
     )
-    from party_b.drain import DrainingServer, checkpoint_live_runs
-
     server = DrainingServer(  # SIGTERM: drain, checkpoint every live run, stop
         server_config,
         lifecycle=app.state.lifecycle,
@@ -100,9 +105,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_tokens(settings: Any, log: logging.Logger) -> None:
+    """StartupError unless some API token is active (nobody could use party B)."""
+    engine = make_engine(settings.resolved_database_url())
+    try:
+        with make_session_factory(engine)() as session:
+            active = store.active_tokens(session)
+    finally:
+        engine.dispose()  # an idle connection left open would keep the WAL from folding in
+    if not active:
+        raise StartupError(
+            "no active API tokens; issue one with 'fedlite-b token issue --name <caller>' "
+            "or set FEDLITE_B_TOKENS"
+        )
+    mutual = "on" if settings.ssl_ca_certs else "off"
+    log.info("%d active API token(s); mutual TLS %s", len(active), mutual)
+
+
 def _cmd_health(args: argparse.Namespace) -> int:
     """Exit 0 when the local server answers /healthz (the container's health check)."""
-    import ssl
     import urllib.request
 
     settings = settings_from_flags(args)
@@ -115,11 +136,24 @@ def _cmd_health(args: argparse.Namespace) -> int:
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
+        cert, key = args.client_cert, args.client_key
+        if cert is None and settings.ssl_ca_certs is not None:
+            # mutual TLS: present party B's own certificate (DEPLOY.md's CA makes it valid
+            # for client authentication too)
+            cert, key = settings.ssl_certfile, settings.ssl_keyfile
+        if cert is not None:
+            context.load_cert_chain(str(cert), str(key) if key else None)
     try:
         with urllib.request.urlopen(url, timeout=args.timeout, context=context) as response:
             ok = response.status == 200
     except OSError as exc:
-        print(f"fedlite-b health: {url}: {exc}", file=sys.stderr)
+        hint = ""
+        if settings.ssl_ca_certs is not None:
+            hint = (
+                " (party B requires client certificates: pass --client-cert/--client-key "
+                "signed by its --ssl-ca-certs CA)"
+            )
+        print(f"fedlite-b health: {url}: {exc}{hint}", file=sys.stderr)
         return 1
     print(f"{url}: {'ok' if ok else 'unhealthy'}")
     return 0 if ok else 1
@@ -213,6 +247,11 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument("--tokens", help="'name:token,...' to register at start-up")
     serve.add_argument("--ssl-certfile", type=Path, help="TLS certificate (PEM)")
     serve.add_argument("--ssl-keyfile", type=Path, help="TLS private key (PEM, unencrypted)")
+    serve.add_argument(
+        "--ssl-ca-certs",
+        type=Path,
+        help="mutual TLS: require client certificates signed by these CAs (PEM)",
+    )
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
         "--access-log",
@@ -248,13 +287,41 @@ def _token_parser(sub: Any) -> None:
         "--rotate", action="store_true", help="replace the token of an existing name"
     )
     issue.add_argument("--out", type=Path, help="write the token to this new file (mode 600)")
+    issue.add_argument(
+        "--scope",
+        help="what the token may do: train (runs, alignment, steps, evaluate), predict "
+        "(scores only), read (look only), or all (default); comma-separated for several",
+    )
+    issue.add_argument(
+        "--expires",
+        help="when the token stops working: a duration (30d, 12h, 2w) or a UTC date "
+        "(2027-01-31); default never",
+    )
+    issue.add_argument(
+        "--subject",
+        help="bind the token to a client certificate (mutual TLS): its subject as "
+        "`openssl x509 -noout -subject -nameopt RFC2253` prints it, e.g. 'CN=bank-a,O=Bank A'",
+    )
+    issue.add_argument(
+        "--certificate-only",
+        action="store_true",
+        help="with --subject: the certificate alone identifies the caller (no bearer token)",
+    )
+    issue.add_argument(
+        "--runs-of",
+        metavar="NAME",
+        help="act on the runs of the token NAME (e.g. a predict-only token for a scoring "
+        "partner, on the runs the training token made)",
+    )
     _storage_flags(issue)
     issue.set_defaults(func=admin.cmd_token_issue)
     revoke = _add(token_sub, "revoke", help="revoke a token (takes effect at once)")
     revoke.add_argument("--name", required=True)
     _storage_flags(revoke)
     revoke.set_defaults(func=admin.cmd_token_revoke)
-    listing = _add(token_sub, "list", help="list token names and states")
+    listing = _add(
+        token_sub, "list", help="list tokens: state (active, revoked, expired), scope, expiry"
+    )
     _storage_flags(listing)
     listing.set_defaults(func=admin.cmd_token_list)
     from party_b.ops import budget_admin
@@ -353,10 +420,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     health.add_argument("--port", type=int, help="port (default FEDLITE_B_PORT or 8000)")
     health.add_argument("--ssl-certfile", type=Path, help="set when the server uses TLS")
+    health.add_argument(
+        "--ssl-ca-certs", type=Path, help="set when the server requires client certificates"
+    )
+    health.add_argument(
+        "--client-cert",
+        type=Path,
+        help="client certificate for a server with mutual TLS (default: the server's own "
+        "--ssl-certfile / FEDLITE_B_SSL_CERTFILE)",
+    )
+    health.add_argument("--client-key", type=Path, help="its private key")
     health.add_argument("--timeout", type=float, default=5.0)
     health.set_defaults(func=_cmd_health)
     _db_parser(sub)
     _runs_parser(sub)
+    from party_b.ops.audit_admin import add_audit_parser
+
+    add_audit_parser(sub, _add, _storage_flags)
     export = _add(
         sub,
         "export",

@@ -69,13 +69,20 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
 
 def cmd_runs_delete(args: argparse.Namespace) -> int:
     """Delete a run and everything stored for it (party B stopped)."""
+    from party_b import audit
+    from party_b.service.runstate import Caller
+
     engine = make_engine(existing_database(settings_from_flags(args)))
     try:
-        with make_session_factory(engine)() as session:
+        sessions = make_session_factory(engine)
+        with sessions() as session:
             if store.run_by_id(session, args.run) is None:
                 raise MaintenanceError(f"no run {args.run!r}: see 'fedlite-b runs list'")
             store.delete_run(session, args.run)
             session.commit()
+        # the operator's deletion is in the trail too (token id 0: no token, the operator)
+        operator = Caller(token_id=0, name="operator (fedlite-b runs delete)")
+        audit.record(sessions, operator, "delete", args.run)
     finally:
         engine.dispose()
     print(f"deleted run {args.run}")

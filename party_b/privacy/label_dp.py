@@ -26,10 +26,10 @@ from torch import Tensor
 
 from party_b.privacy.defences import randomized_labels, row_uniforms
 from party_b.privacy.prior import prior_of, rr_with_prior
+from party_b.privacy.secret import RunPrivacy
 
-if TYPE_CHECKING:  # run.py imports this module
+if TYPE_CHECKING:
     from party_b.labels import LabelSource
-    from party_b.privacy.run import RunPrivacy
 
 __all__ = ["auc_bound", "keep_probability", "run_targets"]
 
@@ -50,7 +50,7 @@ def auc_bound(epsilon: float) -> float:
 
 
 def run_targets(
-    privacy: "RunPrivacy",
+    privacy: RunPrivacy,
     targets: Tensor,
     rows: np.ndarray,
     num_classes: int,

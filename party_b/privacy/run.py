@@ -7,41 +7,16 @@ seed, regenerate the noise and subtract it, or learn which labels the randomized
 flipped.
 """
 
-import hashlib
-import secrets
-from dataclasses import dataclass
-
 import numpy as np
 from torch import Tensor
 
 from party_b.labels import LabelSource
 from party_b.privacy.defences import perturb_gradient, visible_metrics
 from party_b.privacy.label_dp import run_targets
-from party_b.privacy.policy import PrivacyPolicy
+from party_b.privacy.secret import OFF, RunPrivacy
 from party_b.top import StepOutcome, TopTrainer
 
 __all__ = ["OFF", "RunPrivacy", "protected_step"]
-
-
-@dataclass(frozen=True)
-class RunPrivacy:
-    """A run's policy and party B's secret for its random draws (32 bytes, never sent)."""
-
-    policy: PrivacyPolicy
-    secret: bytes
-
-    @classmethod
-    def new(cls, policy: PrivacyPolicy) -> "RunPrivacy":
-        return cls(policy, secrets.token_bytes(32))
-
-    def seed(self, step: int, purpose: str) -> int:
-        """A 63-bit seed for one use at one step, from the secret (SHA-256, stable)."""
-        digest = hashlib.sha256(self.secret + f":{step}:{purpose}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") >> 1
-
-
-# runs stored before policies: nothing to draw, and predict answers for every id, as it did
-OFF = RunPrivacy(PrivacyPolicy(predict_train_ids=True), b"")
 
 
 def protected_step(

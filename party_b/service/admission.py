@@ -39,6 +39,7 @@ class Admission:
         """Refuse a config party B cannot train (422); returns the completed top kwargs."""
         self._check_spec(spec)
         top = self.top_kwargs(spec)
+        self._check_given(spec, top)
         try:
             self.new_trainer(spec)  # refuse now what could not be built at alignment
         except ValueError as exc:
@@ -109,6 +110,25 @@ class Admission:
             clients_per_step=spec.schedule.clients_per_step,
             version=spec.schedule_version,
         )
+
+    def _check_given(self, spec: RunCreate, top: dict[str, Any]) -> None:
+        """422 for a top kwarg party B derives from its own data (the number of classes, its
+        side feature columns) that the caller set to another value: party B would have to
+        overwrite it silently, and the caller would train another model than it asked for."""
+        derived = {output_kwarg(spec.model): "party B's labels"}
+        if "side_features" in top:
+            derived["side_features"] = (
+                "party B's feature columns (use_side_features)"
+                if spec.use_side_features
+                else "use_side_features=false"
+            )
+        for name, source in derived.items():
+            given = spec.top.get(name)
+            if given is not None and given != top[name]:
+                raise ProblemError.invalid(
+                    f"top.{name}={given!r}, but {source} make it {top[name]!r}: leave "
+                    f"top.{name} out (party B fills it in) or set it to {top[name]!r}"
+                )
 
     def _check_spec(self, spec: RunCreate) -> None:
         if spec.model not in MODEL_NAMES:

@@ -10,7 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api_schemas import EvalResultOut, ProblemType, RunCreate, RunOut, RunStatus, StepLogOut
-from party_b import store
+from party_b import audit, store
 from party_b.errors import ProblemError
 from party_b.privacy import PrivacyPolicy
 from party_b.privacy.accounting import charge
@@ -82,6 +82,7 @@ class Runs:
                 if earlier is None:
                     raise
                 return earlier
+            audit.record(self._ctx.sessions, caller, "create-run", run.id, name=spec.name)
             return run_out(session, run, None)
 
     def list_runs(self, caller: Caller) -> list[RunOut]:
@@ -132,6 +133,7 @@ class Runs:
                 session.commit()
                 state.finished = True
                 self._ctx.cache.retire(run_id, state)
+                audit.record(self._ctx.sessions, caller, "finish", run_id, step=state.step)
             return run_out(session, run, state)
 
     def delete(self, caller: Caller, run_id: str) -> None:
@@ -145,6 +147,7 @@ class Runs:
             store.delete_run(session, run_id)
             session.commit()
             self._ctx.cache.drop(run_id)
+        audit.record(self._ctx.sessions, caller, "delete", run_id)
 
     def step_log(self, caller: Caller, run_id: str, start: int, limit: int) -> list[StepLogOut]:
         with self._ctx.sessions() as session:

@@ -11,7 +11,7 @@ import numpy as np
 from torch import Tensor
 
 from api_schemas import ProblemType
-from party_b import store
+from party_b import audit, store
 from party_b.errors import ProblemError
 from party_b.privacy.label_dp import run_targets
 from party_b.privacy.serving import refuse_training_ids
@@ -82,6 +82,7 @@ class Serving:
         )
         self._ctx.metrics.bytes_received.labels("evaluate").inc(len(body))
         self._ctx.metrics.bytes_sent.labels("evaluate").inc(len(response))
+        audit.record(self._ctx.sessions, caller, "evaluate", run_id, ids=outcome.n, split=split)
         return response
 
     def predict(self, caller: Caller, run_id: str, body: bytes) -> bytes:
@@ -108,6 +109,7 @@ class Serving:
         )
         self._ctx.metrics.bytes_received.labels("predict").inc(len(body))
         self._ctx.metrics.bytes_sent.labels("predict").inc(len(response))
+        audit.record(self._ctx.sessions, caller, "predict", run_id, ids=len(request.ids))
         return response
 
     def _side(self, state: RunState, rows: np.ndarray) -> Tensor | None:

@@ -8,12 +8,23 @@ goes into new tables, so upgrading needs no migration.
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Dialect, Float, ForeignKey, Integer, LargeBinary, String
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 __all__ = [
     "ApiToken",
+    "AuditEntry",
     "Base",
     "Checkpoint",
     "EvalResult",
@@ -25,6 +36,7 @@ __all__ = [
     "Run",
     "RunPrivacy",
     "StepLog",
+    "TokenGrant",
 ]
 
 
@@ -225,3 +237,44 @@ class PrivacyBudget(Base):
     owner_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), primary_key=True)
     epsilon: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now, onupdate=_now)
+
+
+class TokenGrant(Base):
+    """What a token may do and until when (``party_b.access``): its scopes, expiry, the client
+    certificate it is bound to, and whose runs it acts on.
+
+    A table of its own (a token without a row has every scope and no expiry), so that an
+    older database gains it with ``create_all`` and its tokens keep working as they did.
+    """
+
+    __tablename__ = "token_grants"
+
+    token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), primary_key=True)
+    scopes: Mapped[str] = mapped_column(String(200))  # comma-separated scope names
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
+    # RFC 4514 subject of the client certificate the token must come with (mutual TLS)
+    subject: Mapped[str | None] = mapped_column(String(1000), default=None, index=True)
+    certificate_only: Mapped[bool] = mapped_column(Boolean, default=False)  # no bearer token
+    runs_of: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"), default=None)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
+
+
+class AuditEntry(Base):
+    """One line of party B's audit trail (``party_b.audit``): who did what to which run, with
+    how many ids, when.
+
+    No foreign key to ``runs``: the trail outlives a deleted run (its deletion is an entry).
+    A table of its own, so an older database gains it with ``create_all``.
+    """
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now, index=True)
+    action: Mapped[str] = mapped_column(String(32), index=True)  # party_b.access.Action
+    actor: Mapped[str] = mapped_column(String(120), index=True)  # the token's name
+    subject: Mapped[str | None] = mapped_column(String(1000), default=None)  # client cert
+    run_id: Mapped[str | None] = mapped_column(String(32), default=None, index=True)
+    ids: Mapped[int | None] = mapped_column(Integer, default=None)  # ids aligned / scored
+    outcome: Mapped[str] = mapped_column(String(16), default="ok")  # ok, refused
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

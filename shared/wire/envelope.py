@@ -31,6 +31,8 @@ class MessageType(StrEnum):
     PREDICT_RESPONSE = "pred_res"
     PSI_REQUEST = "psi_request"
     PSI_REPLY = "psi_reply"
+    ALIGN_REQUEST = "align_req"  # shared.alignkeys: a run's aligned key prefixes
+    ALIGN_REPLY = "align_res"
 
 
 def pack(message_type: MessageType, fields: dict[str, Any]) -> bytes:

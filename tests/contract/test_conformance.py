@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -82,6 +83,28 @@ def test_the_text_alone_gives_the_aligned_keys() -> None:
         keys = [doc.aligned_key(given["alignment_key"], i).hex() for i in given["ids"]]
         aligned = [k.hex() for k in doc.aligned_list(given["alignment_key"], given["ids"])]
         assert (keys, aligned) == (out["keys"], out["aligned"]), case["name"]
+
+
+def test_the_text_alone_gives_the_binary_alignment() -> None:
+    """PROTOCOL.md 8.1 with msgpack and the aligned keys of 9.1, nothing from shared/."""
+    for case in _cases("align_keys"):
+        given, out = case["input"], case["output"]
+        p, key = given["prefix"], given["alignment_key"]
+        keys = {i: doc.aligned_key(key, i) for i in given["party_a_ids"]}
+        offered = sorted(given["party_a_ids"], key=lambda i: keys[i][:p])
+        request = {"v": 1, "t": "align_req", "p": p, "k": b"".join(keys[i][:p] for i in offered)}
+        bits = [i in set(given["party_b_ids"]) for i in offered]
+        bitmap = bytes(
+            sum(bit << (7 - j) for j, bit in enumerate(bits[at : at + 8]))
+            for at in range(0, len(bits), 8)
+        )
+        train, eval_ = doc.split(sum(bits), given["seed"], given["eval_fraction"])
+        reply = {"v": 1, "t": "align_res", "n": len(offered), "m": bitmap}
+        reply |= {"train": len(train), "eval": len(eval_)}
+        assert offered == out["offered"], case["name"]
+        assert msgpack.packb(request).hex() == out["request"], case["name"]
+        assert bitmap.hex() == out["kept_bitmap"], case["name"]
+        assert msgpack.packb(reply).hex() == out["reply"], case["name"]
 
 
 def test_the_text_alone_gives_the_sha256_orders() -> None:

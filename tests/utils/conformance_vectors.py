@@ -24,7 +24,7 @@ import numpy as np
 
 from party_b.privacy import METRICS_POLICIES, PrivacyPolicy
 from party_b.privacy.defences import visible_metrics
-from shared import codec
+from shared import alignkeys, codec
 from shared.alignment import hmac_ids, order_by_raw_id
 from shared.schedule import (
     ClientBatches,
@@ -423,6 +423,52 @@ def step_reply_cases() -> tuple[str, str, list[Case]]:
     return "What a step reply carries", about, cases
 
 
+def align_keys_cases() -> tuple[str, str, list[Case]]:
+    about = (
+        "The binary alignment: party A's AlignRequest for the ids of its PSI intersection "
+        "(the first `prefix` bytes of each aligned key, sorted ascending as bytes, "
+        "concatenated in field k), and party B's AlignReply: one bit per request key, most "
+        "significant bit first, set where party B holds the id (and it has a label), then the "
+        "split sizes of the kept keys. `offered` lists the ids in the request's order; "
+        "`kept` the ids whose bits are set. Messages in hex."
+    )
+    given = [
+        ("worked example", EXAMPLE_KEY, ["u10", "u9", "u2"], ["u2", "u9", "u5"], 8, 0.25),
+        ("twelve ids, 16-byte prefixes", EXAMPLE_KEY, EXAMPLE_IDS, EXAMPLE_IDS[2:], 16, 0.25),
+        ("whole keys", "ff" * 32, ["a", "b", "c", "d", "e"], ["b", "d", "e", "z"], 32, 0.5),
+    ]
+    cases = []
+    for name, key_hex, a_ids, b_ids, prefix, eval_fraction in given:
+        key = bytes.fromhex(key_hex)
+        a_keys = hmac_ids(key, a_ids)
+        request, ordered = alignkeys.request_for(a_keys, prefix)
+        by_key = dict(zip(a_keys, a_ids, strict=True))
+        b_keys = set(hmac_ids(key, b_ids))
+        matched = alignkeys.match_prefixes(sorted(b_keys), request)
+        kept = [k for k, m in zip(ordered, matched, strict=True) if m is not None]
+        aligned = order_by_raw_id(a_ids, a_keys, set(kept))
+        train, eval_ = split_train_eval(len(aligned), seed=0, eval_fraction=eval_fraction)
+        bitmap = alignkeys.kept_bitmap(matched, set(kept))
+        reply = alignkeys.AlignReply(n=request.n, kept=bitmap, train=len(train), eval=len(eval_))
+        output = {
+            "offered": [by_key[k] for k in ordered],
+            "request": alignkeys.encode_align_request(request).hex(),
+            "kept_bitmap": bitmap.hex(),
+            "kept": [by_key[k] for k in kept],
+            "reply": alignkeys.encode_align_reply(reply).hex(),
+        }
+        given_case = {
+            "alignment_key": key_hex,
+            "party_a_ids": a_ids,
+            "party_b_ids": b_ids,
+            "prefix": prefix,
+            "seed": 0,
+            "eval_fraction": eval_fraction,
+        }
+        cases.append(_case(name, given_case, output))
+    return "Binary alignment", about, cases
+
+
 TOPICS: dict[str, Topic] = {
     "hmac": hmac_cases,
     "sha_order": sha_order_cases,
@@ -436,9 +482,14 @@ TOPICS: dict[str, Topic] = {
     "downlink": downlink_cases,
     "step_reply": step_reply_cases,
     "codewords": codewords_cases,
+    "align_keys": align_keys_cases,
 }
 # Topics specified outside section 9 (Derived values): the part of PROTOCOL.md that holds them.
-PARTS = {"downlink": "Messages", "codewords": "Codeword bit packing"}
+PARTS = {
+    "downlink": "Messages",
+    "codewords": "Codeword bit packing",
+    "align_keys": "Private set intersection",
+}
 
 
 def document(topic: str) -> dict[str, Any]:

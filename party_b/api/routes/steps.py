@@ -5,10 +5,13 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from api_schemas import ProblemType, ResumeIn, RunOut, StepLogPage
+from party_b.access import Action
 from party_b.api.contract import AUTHENTICATED, MSGPACK, WITH_BODY, ContractRoute, contract
-from party_b.api.deps import CallerDep, ServiceDep, in_thread, msgpack
+from party_b.api.deps import ServiceDep, allowed, in_thread, msgpack
+from party_b.service import Caller
 from shared.types import MAX_STEP
 
+A = Action
 router = APIRouter(route_class=ContractRoute)
 P = ProblemType
 RUN = (*AUTHENTICATED, P.NOT_FOUND)
@@ -34,7 +37,9 @@ RUN = (*AUTHENTICATED, P.NOT_FOUND)
         ),
     ),
 )
-async def step(request: Request, run_id: str, who: CallerDep, service: ServiceDep) -> Response:
+async def step(
+    request: Request, run_id: str, who: Annotated[Caller, allowed(A.STEP)], service: ServiceDep
+) -> Response:
     body = await request.body()
     # a step that overtook its predecessor waits here, not in one of the few worker threads
     async with service.turns.turn(who, run_id, body, lambda load: in_thread(request, load)):
@@ -47,7 +52,7 @@ async def step(request: Request, run_id: str, who: CallerDep, service: ServiceDe
 async def step_log(
     request: Request,
     run_id: str,
-    who: CallerDep,
+    who: Annotated[Caller, allowed(A.READ)],
     service: ServiceDep,
     start: Annotated[int, Query(ge=0, le=MAX_STEP)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
@@ -72,7 +77,11 @@ async def step_log(
     ),
 )
 async def resume(
-    request: Request, run_id: str, body: ResumeIn, who: CallerDep, service: ServiceDep
+    request: Request,
+    run_id: str,
+    body: ResumeIn,
+    who: Annotated[Caller, allowed(A.STEP)],
+    service: ServiceDep,
 ) -> RunOut:
     run = await in_thread(request, service.steps.resume, who, run_id, body.from_step)
     service.turns.moved(who, run_id)  # steps held for the old step go their way

@@ -25,6 +25,7 @@ MSGPACK_OPERATIONS = {
     ("post", "/v1/runs/{run_id}/steps"): ("StepRequest", "StepResponse"),
     ("post", "/v1/runs/{run_id}/evaluate"): ("EvaluateRequest", "EvaluateResponse"),
     ("post", "/v1/runs/{run_id}/predict"): ("PredictRequest", "PredictResponse"),
+    ("post", "/v1/runs/{run_id}/alignment/keys"): ("AlignRequest", "AlignReply"),
 }
 
 

@@ -238,7 +238,7 @@ def test_runs_without_a_bound_spend_an_unbounded_epsilon_that_no_budget_covers(
     party_b = small_party_b(tmp_path)
     spec = RunCreate.model_validate(run_spec())
     off = party_b.service(parse_policy("off"))
-    old = off.create_run(party_b.caller, spec)  # no budget yet: allowed
+    old = off.runs.create(party_b.caller, spec)  # no budget yet: allowed
     with party_b.sessions() as session:
         # a run of the release before the ledger: no ledger row (and none for its policy)
         session.execute(delete(store.PrivacyLedger).where(store.PrivacyLedger.run_id == old.id))
@@ -250,12 +250,12 @@ def test_runs_without_a_bound_spend_an_unbounded_epsilon_that_no_budget_covers(
 
     # a budget refuses a run without label DP, and any run once one was unbounded
     with pytest.raises(ProblemError, match="no budget covers"):
-        off.create_run(party_b.other, spec)
+        off.runs.create(party_b.other, spec)
     with party_b.sessions() as session:
         store.set_privacy_budget(session, party_b.caller.token_id, 5.0)
         session.commit()
     with pytest.raises(ProblemError, match="1 of its runs had no label-DP bound"):
-        party_b.service(PROTECTED).create_run(party_b.caller, spec)
+        party_b.service(PROTECTED).runs.create(party_b.caller, spec)
 
 
 def test_the_budget_is_set_from_the_command_line_refused_over_http_and_shown_by_runs_show(
@@ -359,14 +359,16 @@ def test_runs_stored_before_the_new_fields_load_as_they_were(tmp_path: Path) -> 
     # Act: party B restarts (under the default) and party A predicts on training ids
     restarted = party_b.service(PROTECTED)
     answers = [
-        restarted.predict(party_b.caller, run.id, _predict(run, run.split[0][:2]))
+        restarted.serving.predict(party_b.caller, run.id, _predict(run, run.split[0][:2]))
         for run in (old, older)
     ]
 
     # Assert: answered, as before; and they train as off (loss and accuracy in the reply)
     assert all(codec.decode_predict_response(a).scores.shape == (2, 2) for a in answers)
     for run in (old, older):
-        reply = codec.decode_step_response(restarted.step(party_b.caller, run.id, run.step_body(1)))
+        reply = codec.decode_step_response(
+            restarted.steps.step(party_b.caller, run.id, run.step_body(1))
+        )
         assert math.isfinite(reply.loss) and set(reply.metrics) == {"n", "accuracy"}
     assert PrivacyPolicy.from_stored(before) == PrivacyPolicy(predict_train_ids=True)
 
@@ -492,13 +494,13 @@ def test_rr_with_prior_runs_draw_the_same_labels_after_a_restart(tmp_path: Path)
 
     prior._CACHE.clear()  # a restarted party B fits the prior again
     restarted = party_b.service(PROTECTED)
-    again_state = restarted.cache.owned(party_b.caller, run.id)
+    again_state = restarted.context.cache.owned(party_b.caller, run.id)
     again = run_targets(
         again_state.privacy, restarted.labels.targets(rows), rows, 2, restarted.labels
     )
-    restarted.resume(party_b.caller, run.id, 0)
+    restarted.steps.resume(party_b.caller, run.id, 0)
     assert torch.equal(first, again)
-    assert restarted.step(party_b.caller, run.id, run.step_body(1)) == answer
+    assert restarted.steps.step(party_b.caller, run.id, run.step_body(1)) == answer
     with pytest.raises(ValueError, match="needs label_epsilon"):
         parse_policy("prior_fraction=0.3")
     with pytest.raises(ValueError, match="from 0 to below 1"):
