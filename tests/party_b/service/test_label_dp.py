@@ -496,7 +496,7 @@ def test_rr_with_prior_runs_draw_the_same_labels_after_a_restart(tmp_path: Path)
     restarted = party_b.service(PROTECTED)
     again_state = restarted.context.cache.owned(party_b.caller, run.id)
     again = run_targets(
-        again_state.privacy, restarted.labels.targets(rows), rows, 2, restarted.labels
+        again_state.privacy, restarted.context.labels.targets(rows), rows, 2, restarted.context.labels
     )
     restarted.steps.resume(party_b.caller, run.id, 0)
     assert torch.equal(first, again)
