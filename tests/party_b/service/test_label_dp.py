@@ -495,9 +495,8 @@ def test_rr_with_prior_runs_draw_the_same_labels_after_a_restart(tmp_path: Path)
     prior._CACHE.clear()  # a restarted party B fits the prior again
     restarted = party_b.service(PROTECTED)
     again_state = restarted.context.cache.owned(party_b.caller, run.id)
-    again = run_targets(
-        again_state.privacy, restarted.context.labels.targets(rows), rows, 2, restarted.context.labels
-    )
+    labels = restarted.context.labels
+    again = run_targets(again_state.privacy, labels.targets(rows), rows, 2, labels)
     restarted.steps.resume(party_b.caller, run.id, 0)
     assert torch.equal(first, again)
     assert restarted.steps.step(party_b.caller, run.id, run.step_body(1)) == answer
