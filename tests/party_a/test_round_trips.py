@@ -14,6 +14,7 @@ from party_a.errors import problem_from_body
 from party_a.store import LocalStore
 from party_a.trainer import PartyATrainer
 from party_b.inprocess import InProcessTransport, in_process_party_b
+from party_b.privacy import parse_policy
 from party_b.service import Service
 from party_b.service.runstate import Caller
 from tests.party_a.test_loop import CONFIG, _data
@@ -57,7 +58,9 @@ def _calls(trainer: PartyATrainer) -> list[str]:
 
 def test_requests_before_the_first_step_and_for_a_served_prediction(tmp_path: Path) -> None:
     _, labels = _data()
-    service, caller = in_process_party_b(labels, tmp_path / "b.sqlite")
+    # predictions on training rows: the policy that answers them (the subject is the count)
+    privacy = parse_policy("off,predict_train_ids=true")
+    service, caller = in_process_party_b(labels, tmp_path / "b.sqlite", privacy=privacy)
 
     new = _trainer(tmp_path, service, caller, **{"run.steps": 6})
     new.prepare()
@@ -94,7 +97,9 @@ class _OlderPartyB(_Counting):
 
 def test_a_party_b_without_the_binary_alignment_gets_the_json_one(tmp_path: Path) -> None:
     _, labels = _data()
-    service, caller = in_process_party_b(labels, tmp_path / "b.sqlite")
+    # predictions on training rows: the policy that answers them (the subject is the count)
+    privacy = parse_policy("off,predict_train_ids=true")
+    service, caller = in_process_party_b(labels, tmp_path / "b.sqlite", privacy=privacy)
     features, _ = _data()
     trainer = PartyATrainer(
         config=load_config(None, {**CONFIG, "run.name": "older", "run.steps": 2}),
