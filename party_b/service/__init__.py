@@ -91,6 +91,11 @@ def build_service(
         runs=Runs(ctx),
         alignment=Alignment(ctx, aligner),
         steps=Steps(ctx),
-        turns=Turns(cache, metrics, HOLD_SECONDS if step_hold is None else step_hold),
+        turns=Turns(
+            cache,
+            metrics,
+            HOLD_SECONDS if step_hold is None else step_hold,
+            limits=ctx.decode_limits,
+        ),
         serving=Serving(ctx),
     )

@@ -4,6 +4,7 @@ Activations that are finite but make the top model's outputs overflow are 422
 ``activations-out-of-range``, never a 500; nothing is logged for them.
 """
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,6 +24,8 @@ from shared import codec
 from shared.schedule import batch_digest
 
 __all__ = ["Serving"]
+
+_ALIGNED_KEY = re.compile(r"[0-9a-f]{64}")
 
 
 class Serving:
@@ -113,15 +116,18 @@ class Serving:
             state.key_index = key_index(state.alignment_key, self._ctx.labels)
         rows, unknown = [], 0
         for h in hashed_hex:
-            try:
-                rows.append(state.key_index[bytes.fromhex(h)])
-            except (ValueError, KeyError):
+            # written as the protocol says, 64 lowercase hex characters, or not an aligned key
+            row = state.key_index.get(bytes.fromhex(h)) if _ALIGNED_KEY.fullmatch(h) else None
+            if row is None:
                 unknown += 1
+            else:
+                rows.append(row)
         if unknown:
             raise ProblemError(
                 ProblemType.UNKNOWN_IDS,
-                f"{unknown} of {len(hashed_hex)} ids are not hashed ids party B holds "
-                "(expected hex HMAC-SHA256 under the run's alignment key)",
+                f"{unknown} of {len(hashed_hex)} ids are not aligned keys of ids party B holds "
+                "(expected HMAC-SHA256 under the run's alignment key, 64 lowercase hex "
+                "characters)",
             )
         return np.array(rows, dtype=np.int64)
 
