@@ -37,6 +37,7 @@ class ProblemType(StrEnum):
     CHECKPOINT_NOT_FOUND = _PREFIX + "checkpoint-not-found"  # resume to a step not kept
     TRAINING_DIVERGED = _PREFIX + "training-diverged"  # NaN/Inf loss; step not applied
     UNKNOWN_IDS = _PREFIX + "unknown-ids"  # prediction ids party B does not hold
+    PARTIES_INCOMPLETE = _PREFIX + "parties-incomplete"  # other feature parties not there yet
     IDEMPOTENCY_KEY_REUSED = _PREFIX + "idempotency-key-reused"  # same key, other body
     INTERNAL = _PREFIX + "internal"  # a bug or damaged state on party B's side, never input
 
@@ -65,6 +66,7 @@ PROBLEMS: dict[ProblemType, ProblemKind] = {
     ProblemType.CHECKPOINT_NOT_FOUND: ProblemKind(409, "No such checkpoint"),
     ProblemType.TRAINING_DIVERGED: ProblemKind(422, "Training diverged"),
     ProblemType.UNKNOWN_IDS: ProblemKind(422, "Unknown ids"),
+    ProblemType.PARTIES_INCOMPLETE: ProblemKind(409, "Waiting for other parties"),
     ProblemType.IDEMPOTENCY_KEY_REUSED: ProblemKind(422, "Idempotency key reused"),
     ProblemType.INTERNAL: ProblemKind(500, "Internal error"),
 }

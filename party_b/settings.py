@@ -95,6 +95,14 @@ class Settings(BaseSettings):
         description="longest wait of a training step that overtook its predecessor before it "
         "is refused (default 5; 0 refuses it at once, party_b/service/turns.py says why)",
     )
+    party_wait_seconds: float = Field(
+        default=20.0,
+        gt=0,
+        le=110,
+        description="a run with several feature parties: longest wait of one party's request "
+        "for the others' (a step, an alignment, an evaluation...) before 409 "
+        "parties-incomplete; below party A's 120 s request timeout",
+    )
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -5,6 +5,7 @@
     fedlite-b db backup --to FILE        online backup of the SQLite file, safe while serving
     fedlite-b db copy --from URL --to URL   move the state to another database (B stopped)
     fedlite-b runs list|show ID|delete ID   every caller's runs (delete: party B stopped)
+    fedlite-b parties create|tokens|revoke|list   runs with several feature parties
     fedlite-b health                     exit 0 if the local server answers /healthz
     fedlite-b export --run ID --out DIR  a trained run's top model and transform, for serving
     fedlite-b demo-data --out FILE       party B's half of the bundled demo data
@@ -324,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     _storage_flags(export)
     _label_flags(export)
     export.set_defaults(func=_cmd_export)
+    from party_b.ops import parties
+
+    parties.add_parser(sub, _add, _storage_flags, _label_flags)
     return parser
 
 
@@ -344,6 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             getattr(args, "token_command", None),
             getattr(args, "db_command", None),
             getattr(args, "runs_command", None),
+            getattr(args, "parties_command", None),
         )
         if c
     )

@@ -16,6 +16,7 @@ from party_b import store
 from party_b.errors import ProblemError
 from party_b.service import activations
 from party_b.service.context import ServiceContext
+from party_b.service.fusion import one_party_route
 from party_b.service.loader import key_index
 from party_b.service.runstate import Caller, RunState
 from party_b.service.views import finite_or_none
@@ -23,7 +24,7 @@ from party_b.top import OutputNotFinite
 from shared import codec
 from shared.schedule import batch_digest
 
-__all__ = ["Serving"]
+__all__ = ["Serving", "out_of_range"]
 
 _ALIGNED_KEY = re.compile(r"[0-9a-f]{64}")
 
@@ -37,6 +38,7 @@ class Serving:
         if split not in ("eval", "train"):
             raise ProblemError.invalid(f"split must be 'eval' or 'train', got {split!r}")
         state = self._ctx.cache.owned(caller, run_id)
+        one_party_route(state.config, "sends its part of an evaluation")
         with state.lock:
             request = activations.decode(
                 codec.decode_evaluate_request, body, self._ctx.decode_limits
@@ -58,7 +60,7 @@ class Serving:
                 allow_raw=True,
             )
             rows = state.label_rows[positions]
-            with _out_of_range():
+            with out_of_range():
                 outcome = state.trainer.evaluate(
                     z_tilde, self._ctx.labels.targets(rows), self._side(state, rows)
                 )
@@ -85,6 +87,7 @@ class Serving:
     def predict(self, caller: Caller, run_id: str, body: bytes) -> bytes:
         """Forward only for the given (hashed) ids: serving after or during training."""
         state = self._ctx.cache.owned(caller, run_id)
+        one_party_route(state.config, "sends its part of a prediction")
         if state.rows_per_sample != 1:
             raise ProblemError.invalid(
                 f"predict gives one score per sample; this run's model makes "
@@ -94,11 +97,11 @@ class Serving:
         side: Tensor | None = None
         with state.lock:
             if state.config.use_side_features and state.trainer.model.side_features:
-                side = self._ctx.labels.side(self._rows_of(state, request.ids))
+                side = self._ctx.labels.side(self.rows_of(state, request.ids))
             z_tilde = activations.dequantize(
                 state, request.chunks, expected_rows=request.rows, allow_raw=True
             )
-            with _out_of_range():
+            with out_of_range():
                 scores = state.trainer.predict(z_tilde, side)
         response = codec.encode_predict_response(
             codec.PredictResponse(ids=request.ids, scores=scores.numpy())
@@ -110,7 +113,7 @@ class Serving:
     def _side(self, state: RunState, rows: np.ndarray) -> Tensor | None:
         return self._ctx.labels.side(rows) if state.trainer.model.side_features else None
 
-    def _rows_of(self, state: RunState, hashed_hex: list[str]) -> np.ndarray:
+    def rows_of(self, state: RunState, hashed_hex: list[str]) -> np.ndarray:
         """Label-source rows of hashed ids (caller holds state.lock)."""
         if state.key_index is None:
             state.key_index = key_index(state.alignment_key, self._ctx.labels)
@@ -133,7 +136,7 @@ class Serving:
 
 
 @contextmanager
-def _out_of_range() -> Iterator[None]:
+def out_of_range() -> Iterator[None]:
     """Turn the top model's overflow into a 422 problem."""
     try:
         yield

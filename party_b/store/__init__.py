@@ -5,6 +5,7 @@
     checkpoints.py  save / load / list / roll back checkpoints (one transaction each)
     queries.py      every other query the service makes
     tokens.py       API tokens by name or hash, active or all; revoked hashes
+    parties.py      runs with several feature parties: party tokens, traffic per party
 
 Everything is re-exported here: ``from party_b import store`` then ``store.owned_run(...)``.
 """
