@@ -16,6 +16,7 @@ Example (every table but [run] is optional)::
                                  # d = 9181, topk:k=ceil(d/36) above)
     schedule = { kind = "shuffle" }  # or { kind = "clients", clients_per_step = 10 }
     pipeline_depth = 1           # steps in flight (docs/PROTOCOL.md, "Pipelining")
+    # party = "telco"            # one feature party of a run with several (PROTOCOL.md 12)
 
     [model.bottom]               # party A's bottom model (in_features defaults to the data)
     hidden = [64]
@@ -56,6 +57,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from api_schemas import BatchScheduleSpec, OptimizerSpec, QuantizerSpec, RunCreate, ShuffleSchedule
+from api_schemas.runs import PARTY_NAME
 from party_a.errors import ConfigError
 
 __all__ = ["ENVIRONMENT", "PartyAConfig", "check_environment", "load_config"]
@@ -90,6 +92,9 @@ class RunSection(_Strict):
     downlink: str | None = None
     # steps in flight at once (party_a.loop): 1 = send a step, wait, apply, as before
     pipeline_depth: int = Field(default=1, ge=1, le=16)
+    # this party's name in a run with several feature parties (party B's operator created
+    # the run and issued this party's token); None: a run of this party alone
+    party: str | None = Field(default=None, pattern=PARTY_NAME)
 
 
 class ModelSection(_Strict):

@@ -15,6 +15,7 @@
           ├── BatchMismatch         409 batch-mismatch
           ├── CheckpointNotFound    409 checkpoint-not-found (checkpoints)
           ├── RunStateConflict      409 run-state
+          ├── PartiesIncomplete     409 parties-incomplete (missing_parties, waiting_for)
           └── TrainingDiverged      422 training-diverged
 """
 
@@ -28,6 +29,7 @@ __all__ = [
     "ConfigError",
     "FedliteError",
     "NotFound",
+    "PartiesIncomplete",
     "ProblemResponse",
     "ProtocolError",
     "RunNotFound",
@@ -113,6 +115,18 @@ class TrainingDiverged(ProblemResponse):
     pass
 
 
+class PartiesIncomplete(ProblemResponse):
+    """Party B waited for other feature parties of the run, in vain so far: send again."""
+
+    @property
+    def missing_parties(self) -> list[str]:
+        return [str(p) for p in self.extra.get("missing_parties", [])]
+
+    @property
+    def waiting_for(self) -> str:
+        return str(self.extra.get("waiting_for", ""))
+
+
 _BY_TYPE: dict[str, type[ProblemResponse]] = {
     ProblemType.UNAUTHORIZED: Unauthorized,
     ProblemType.NOT_FOUND: NotFound,
@@ -122,6 +136,7 @@ _BY_TYPE: dict[str, type[ProblemResponse]] = {
     ProblemType.CHECKPOINT_NOT_FOUND: CheckpointNotFound,
     ProblemType.RUN_STATE: RunStateConflict,
     ProblemType.TRAINING_DIVERGED: TrainingDiverged,
+    ProblemType.PARTIES_INCOMPLETE: PartiesIncomplete,
 }
 
 

@@ -82,13 +82,20 @@ def open_session(
     from party_a.features import load_features
     from party_a.trainer import PartyATrainer
     from party_a.transport.http import HttpTransport
+    from party_a.transport.parties import PartyTransport
 
     key = server.strip().rstrip("/")
     local = store.find_run(key, config.run.name)
     if not create and local is None:
         raise RunNotFound(config.run.name, key)
     stored = store.serving(local.id) if local is not None else None
-    transport = HttpTransport(server, token, ca_bundle=ca_bundle, retry_for=retry_for)
+    transport = (
+        HttpTransport(server, token, ca_bundle=ca_bundle, retry_for=retry_for)
+        if config.run.party is None
+        else PartyTransport(
+            server, token, party=config.run.party, ca_bundle=ca_bundle, retry_for=retry_for
+        )
+    )
     try:
         table = load_features(
             features,

@@ -63,12 +63,29 @@ def cmd_ratio(args: argparse.Namespace) -> int:
 
 
 def _transport(
-    args: argparse.Namespace, server: str, token: str, *, timeout: float = 120.0
+    args: argparse.Namespace,
+    server: str,
+    token: str,
+    *,
+    timeout: float = 120.0,
+    local: "LocalRun | None" = None,
 ) -> "HttpTransport":
     """party A's client of party B at ``server``, with the command line's CA bundle and retry
-    budget; ``timeout`` per request, in seconds (the client's default)."""
+    budget; ``timeout`` per request, in seconds (the client's default). For ``local``, a run
+    trained as one feature party of several, that party's routes."""
     from party_a.transport.http import HttpTransport
+    from party_a.transport.parties import PartyTransport
 
+    party = local.config.get("run", {}).get("party") if local is not None else None
+    if party is not None:
+        return PartyTransport(
+            server,
+            token,
+            party=party,
+            ca_bundle=args.ca_bundle,
+            retry_for=args.retry_for,
+            timeout=timeout,
+        )
     return HttpTransport(
         server, token, ca_bundle=args.ca_bundle, retry_for=args.retry_for, timeout=timeout
     )
@@ -171,7 +188,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_demo_data(args: argparse.Namespace) -> int:
     from shared.demo_data import write_party_a_demo
 
-    print(write_party_a_demo(args.out, overlap=args.overlap, seed=args.seed))
+    start, sep, stop = str(args.columns).partition(":")
+    if not (sep and start.isdigit() and stop.isdigit()):
+        raise ConfigError(f"--columns takes START:STOP, e.g. 0:10, got {args.columns!r}")
+    columns = (int(start), int(stop))
+    print(write_party_a_demo(args.out, overlap=args.overlap, seed=args.seed, columns=columns))
     return 0
 
 
@@ -228,7 +249,7 @@ def cmd_finish(args: argparse.Namespace) -> int:
         local = store.find_run(server, name)
         if local is None:
             raise run_not_found(RunNotFound(name, server), store, args.state_dir)
-        with _transport(args, server, token) as transport:
+        with _transport(args, server, token, local=local) as transport:
             remote = transport.finish(local.remote_id)
         store.update_run(local.id, status="finished")
     finally:
@@ -253,7 +274,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     store = open_state(args.state_dir, create=False)
     try:
         server, local = _local_run(args, store)
-        with _transport(args, server, connection(args)[1]) as transport:
+        with _transport(args, server, connection(args)[1], local=local) as transport:
             remote = transport.get_run(local.remote_id)
         shown = {
             "party_b": json.loads(remote.model_dump_json(exclude={"alignment_key"})),
@@ -276,7 +297,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     store = open_state(args.state_dir, create=False)
     try:
         server, local = _local_run(args, store)
-        with _transport(args, server, connection(args)[1]) as transport:
+        with _transport(args, server, connection(args)[1], local=local) as transport:
             try:
                 transport.delete_run(local.remote_id)
             except NotFound:

@@ -4,10 +4,12 @@ hand-made activations (party A's trainer is tested in tests/party_a and tests/e2
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
+import pandas as pd
 from sqlalchemy.orm import Session, sessionmaker
 
 from party_b.party_tokens import issue_party_token
@@ -15,6 +17,10 @@ from shared import codec
 from shared.alignment import hmac_ids
 from shared.schedule import batch_digest, batch_positions, split_train_eval
 from tests.utils.small_runs import MSGPACK
+
+if TYPE_CHECKING:
+    from party_a.config import PartyAConfig
+    from party_a.trainer import PartyATrainer
 
 # Which of labels_csv's ids (u000 .. u063) each party holds: their common ids are the even
 # ones below u048, 24 of them (18 train, 6 eval at eval_fraction 0.25).
@@ -162,3 +168,76 @@ def together(*calls: Callable[[], httpx.Response]) -> list[httpx.Response]:
         thread.join(timeout=180)
     assert all(a is not None for a in answers), "a request got no answer"
     return [a for a in answers if a is not None]
+
+
+# ------------------------------------------------------------------ party A's trainers
+
+BREAST_SPLIT = {"left": (0, 10), "right": (10, 20)}  # the bundled demo's 20 columns, halved
+DROPPED = {"left": range(0, 6), "right": range(6, 12), "middle": range(12, 18)}
+
+
+def feature_tables(directory: Path, columns: dict[str, tuple[int, int]]) -> dict[str, Path]:
+    """Each party's columns of the bundled demo, without a few ids of its own (so that the
+    run aligns on the ids every party holds)."""
+    from shared.demo_data import write_party_a_demo
+
+    tables = {}
+    for name, span in columns.items():
+        path = write_party_a_demo(directory / f"{name}.csv", columns=span)
+        frame = pd.read_csv(path)
+        dropped = {f"s{i:04d}" for i in DROPPED.get(name, range(0))}
+        frame[~frame["id"].isin(dropped)].to_csv(path, index=False)
+        tables[name] = path
+    return tables
+
+
+def party_config(name: str, party: str, in_features: int, **overrides: Any) -> "PartyAConfig":
+    """One feature party's config: its bottom to d = 8, PQ q=4 L=4; the run's settings."""
+    from tests.utils.party_a import breast_config
+
+    base: dict[str, Any] = {
+        "run.party": party,
+        "run.steps": 24,
+        "run.checkpoint_interval": 8,
+        "model.bottom": {"hidden": [16], "cut_dim": 8, "in_features": in_features},
+        "quantizer.q": 4,
+        "quantizer.L": 4,
+    }
+    return breast_config(name, **(base | overrides))
+
+
+def run_of(configs: dict[str, "PartyAConfig"], **spec: Any) -> dict[str, Any]:
+    """The RunCreate naming every party, from the parties' own configs (what they agree on)."""
+    from shared.models import cut_dim
+
+    first = next(iter(configs.values()))
+    created = first.run_create(8).model_dump(mode="json", exclude={"cut_dim", "quantizer"})
+    created.pop("downlink", None)
+    created.pop("grad_dtype", None)
+    created["parties"] = [
+        {
+            "name": party,
+            "cut_dim": cut_dim(config.run.model, **config.model.bottom),
+            "quantizer": config.quantizer.spec().model_dump(),
+        }
+        for party, config in configs.items()
+    ]
+    return created | spec
+
+
+def party_trainer(
+    state_dir: Path, url: str, token: str, features: Path, config: "PartyAConfig"
+) -> "PartyATrainer":
+    from party_a.features import load_features
+    from party_a.store import LocalStore
+    from party_a.trainer import PartyATrainer
+    from party_a.transport.parties import PartyTransport
+
+    assert config.run.party is not None
+    return PartyATrainer(
+        config=config,
+        features=load_features(features, id_column="id", feature_columns=None, standardize=True),
+        transport=PartyTransport(url, token, party=config.run.party, retry_for=120),
+        store=LocalStore.in_directory(state_dir),
+        server=url,
+    )
