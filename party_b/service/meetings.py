@@ -211,26 +211,26 @@ class Meetings:
     def _incomplete(self, run_id: str, key: Key, meeting: _Meeting, party: str) -> ProblemError:
         """409 parties-incomplete naming whom the request waited for: the parties missing
         from its meeting, or, for a complete step, from the oldest earlier step not applied.
-        A party missing there itself is told where the run is instead (409
-        step-out-of-order): it is behind, e.g. it restarted, or party B rolled back."""
+        A step whose own party has not sent an earlier step that is not applied is told
+        where the run is instead (409 step-out-of-order): that party is not where party B is
+        (it restarted, or party B rolled back or restarted), and waiting would not help."""
         agenda, applied = meeting.agenda, meeting.agenda.applied()
         what, missing = agenda.what, meeting.missing()
-        if not missing and agenda.step is not None and applied is not None:
+        if agenda.step is not None and applied is not None:
             meetings = self._runs.get(run_id, {})
             for step in range(applied + 1, agenda.step):
                 earlier = meetings.get(("step", str(step)))
-                missing = list(agenda.parties) if earlier is None else earlier.missing()
-                if missing:
-                    what = f"step {step}"
-                    break
-        if party in missing and applied is not None:
-            return ProblemError(
-                ProblemType.STEP_OUT_OF_ORDER,
-                f"{agenda.what} of party {party!r} waits for {what}, which party {party!r} has "
-                f"not sent: party B has applied step {applied} and expects {applied + 1}",
-                expected_step=applied + 1,
-                applied_step=applied,
-            )
+                if earlier is None or party not in earlier.parts:
+                    return ProblemError(
+                        ProblemType.STEP_OUT_OF_ORDER,
+                        f"{agenda.what} of party {party!r} waits for step {step}, which party "
+                        f"{party!r} has not sent: party B has applied step {applied} and "
+                        f"expects {applied + 1}",
+                        expected_step=applied + 1,
+                        applied_step=applied,
+                    )
+                if not missing and earlier.missing():
+                    what, missing = f"step {step}", earlier.missing()
         names = ", ".join(repr(p) for p in missing) or "no party (it was computing)"
         return ProblemError(
             ProblemType.PARTIES_INCOMPLETE,
