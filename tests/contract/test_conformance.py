@@ -120,6 +120,31 @@ def test_the_text_alone_writes_the_request_vectors_byte_for_byte() -> None:
     assert written >= 4
 
 
+def test_the_text_alone_fuses_the_parties_and_slices_their_gradients() -> None:
+    """Section 12.6's table, in numpy: concat side by side, sum, mean; each party's columns,
+    the whole gradient, or it over N."""
+    for case in _cases("parties"):
+        given, output = case["input"], case["output"]
+        if "fusion" not in given:
+            continue
+        z = [np.array(p, dtype=np.float32) for p in given["z"]]
+        g = np.array(given["G"], dtype=np.float32)
+        if given["fusion"] == "concat":
+            fused = np.concatenate(z, axis=1)
+            edges = np.cumsum([p.shape[1] for p in z])[:-1]
+            grads = np.split(g, edges, axis=1)
+        else:
+            fused = z[0].copy()
+            for part in z[1:]:
+                fused = fused + part
+            share = g if given["fusion"] == "sum" else g / np.float32(len(z))
+            if given["fusion"] == "mean":
+                fused = fused / np.float32(len(z))
+            grads = [share] * len(z)
+        assert fused.tolist() == output["Z"], case["name"]
+        assert [x.tolist() for x in grads] == output["g"], case["name"]
+
+
 def test_the_psi_vector_is_a_real_intersection_under_its_keys() -> None:
     import private_set_intersection.python as psi_library
 

@@ -562,6 +562,62 @@ def psi_cases() -> tuple[str, str, list[Case]]:
     return "Private set intersection (`/v1/psi`)", about, [case]
 
 
+def parties_cases() -> tuple[str, str, list[Case]]:
+    import torch
+
+    from api_schemas import RunCreate
+    from party_b.service.fusion import fuse, slices
+
+    about = (
+        "A run with several feature parties (section 12). Fusion cases: each party's z~ (rows "
+        "x d_p, in the order of RunCreate.parties) and the gradient G = dL/dZ party B's top "
+        "model takes at the fused input; the fused input Z party B computes, and the gradient "
+        "g_p each party gets back (its columns for concat, G for sum, G / N for mean), all "
+        "float32. The run case: a RunCreate with parties as a client sends it, and the config "
+        "party B stores and echoes in RunOut.config (fusion, every party's downlink and the "
+        "fused cut_dim filled in)."
+    )
+    z = [
+        [[1.0, 2.0], [3.0, 4.0]],
+        [[0.5, -0.5], [0.25, -0.25]],
+        [[8.0, 9.0, 10.0], [11.0, 12.0, 13.0]],
+    ]
+    same = [[[1.0, 2.0], [3.0, 4.0]], [[0.5, -0.5], [0.25, -0.25]], [[-1.0, 0.0], [2.0, 6.0]]]
+    cases = []
+    for fusion, parts in [("concat", z), ("sum", same), ("mean", same)]:
+        tensors = [torch.tensor(p, dtype=torch.float32) for p in parts]
+        fused = fuse(tensors, fusion)
+        grad = torch.arange(fused.numel(), dtype=torch.float32).reshape(fused.shape) / 4 - 1
+        widths = [t.shape[1] for t in tensors]
+        given = {"fusion": fusion, "z": parts, "G": grad.tolist()}
+        output = {
+            "Z": fused.tolist(),
+            "g": [g.tolist() for g in slices(grad, widths, fusion)],
+        }
+        cases.append(_case(f"three parties, {fusion}", given, output))
+    spec = {
+        "name": "credit",
+        "model": "tabular_mlp",
+        "top": {"hidden": [32]},
+        "parties": [
+            {"name": "telco", "cut_dim": 16, "quantizer": {"mode": "pq", "q": 4, "L": 16}},
+            {
+                "name": "retail",
+                "cut_dim": 16,
+                "quantizer": {"mode": "pq", "q": 4, "L": 16},
+                "downlink": "int8",
+            },
+        ],
+        "optimizer": {"name": "adam", "lr": 0.003},
+        "batch_size": 256,
+        "steps": 600,
+        "seed": 0,
+    }
+    stored = RunCreate.model_validate(spec).model_dump(mode="json")
+    cases.append(_case("a RunCreate with two parties", {"RunCreate": spec}, {"config": stored}))
+    return "Several feature parties", about, cases
+
+
 TOPICS: dict[str, Topic] = {
     "hmac": hmac_cases,
     "sha_order": sha_order_cases,
@@ -577,6 +633,7 @@ TOPICS: dict[str, Topic] = {
     "codewords": codewords_cases,
     "requests": requests_cases,
     "psi": psi_cases,
+    "parties": parties_cases,
 }
 # Topics specified outside section 9 (Derived values): the part of PROTOCOL.md that holds them.
 PARTS = {
@@ -584,6 +641,7 @@ PARTS = {
     "codewords": "Codeword bit packing",
     "requests": "Envelope and messages",
     "psi": "Section 8",
+    "parties": "Section 12",
 }
 
 
