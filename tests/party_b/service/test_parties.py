@@ -17,6 +17,7 @@ from party_b.api import create_app
 from party_b.settings import Settings
 from shared import codec
 from shared.alignment import hmac_ids
+from shared.psi import PsiClient, PsiRequest, encode_psi_request
 from tests.utils.live import live_server
 from tests.utils.parties import COMMON, HOLDINGS, Party, party_run, together
 from tests.utils.small_runs import MSGPACK, OTHER, TOKEN, labels_csv, problem, run_spec
@@ -215,3 +216,46 @@ def _evaluate(party: Party) -> httpx.Response:
 
 def _predict(party: Party) -> httpx.Response:
     return party.post("/predict", content=party.predict_body(), headers=MSGPACK)
+
+
+def test_every_party_route_takes_its_own_party_token_only(tmp_path: Path) -> None:
+    """Every route under /v1/runs/{run_id}/parties/{party} (enumerated from the app, so a
+    new one is covered): API tokens (the run's owner or a stranger) get 401 alike, so the
+    answer says nothing of the run; another party's or another run's party token gets 404,
+    as a run that does not exist; the party's own token is let through."""
+    with _party_b(tmp_path, wait=1.0) as (app, url):
+        parties = _aligned(app, url)
+        bank, telco = parties[0], parties[1]
+        elsewhere = party_run(url, TOKEN, app.state.sessions, {"bank": 4})[0]
+        routes = [
+            (method.upper(), path)
+            for path, operations in app.openapi()["paths"].items()
+            if "/parties/{party}" in path
+            for method in sorted(operations)
+        ]
+        assert len(routes) >= 9, routes
+        bodies: dict[str, dict[str, object]] = {
+            "steps": {"content": bank.step_body(1), "headers": MSGPACK},
+            "evaluate": {"content": bank.evaluate_body(), "headers": MSGPACK},
+            "predict": {"content": bank.predict_body(), "headers": MSGPACK},
+            "alignment": {"json": {"hashed_ids": [k.hex() for k in bank.aligned]}},
+            "resume": {"json": {"from_step": 0}},
+        }
+        psi = encode_psi_request(PsiRequest(request=PsiClient(["u000"]).request()))
+        for method, path in routes:
+            if path.endswith("/psi"):
+                bodies["psi"] = {"content": psi, "headers": MSGPACK} if method == "POST" else {}
+            target = path.format(run_id=bank.run_id, party="bank")
+            kwargs = bodies.get(path.rsplit("/", 1)[-1], {})
+            for token in (TOKEN, OTHER, telco.token, elsewhere.token):
+                with httpx.Client(
+                    base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60
+                ) as client:
+                    answer = client.request(method, target, **kwargs)
+                api_token = token in (TOKEN, OTHER)
+                problem(
+                    answer, 401 if api_token else 404, "unauthorized" if api_token else "not-found"
+                )
+            with bank.client() as client:
+                answer = client.request(method, target, **kwargs)
+            assert answer.status_code not in (401, 404), (method, path, answer.text)
