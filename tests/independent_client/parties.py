@@ -87,4 +87,3 @@ class IndependentParty(IndependentPartyA):
     def finish(self) -> dict[str, Any]:
         self._ok(self._post(self._route("finish")), 200)
         return self._ok(self.http.get(self._base()), 200)
-
