@@ -21,6 +21,7 @@ from shared.accounting import compression_report
 if TYPE_CHECKING:
     from party_a.store import LocalRun, LocalStore
     from party_a.transport.http import HttpTransport
+    from party_a.transport.parties import PartyTransport
 
 __all__ = [
     "cmd_align",
@@ -92,12 +93,41 @@ def _transport(
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Exit 0 when party B answers and accepts the token (the image's health check)."""
+    """Exit 0 when party B answers and accepts the token (the image's health check): an API
+    token, or a feature party's token of a run with several (docs/PROTOCOL.md 12)."""
+    from party_a.errors import Unauthorized
+
     server, token = connection(args)
+    party: dict[str, str] = {}
     with _transport(args, server, token, timeout=10.0) as t:
-        info = t.psi_info()  # authenticated: a revoked token fails here
-    print(json.dumps({"server": server, "ok": True, "party_b_ids": info.size}))
+        try:
+            info = t.psi_info()  # authenticated: a revoked token fails here
+        except Unauthorized as refused:
+            try:
+                me = t.whoami()  # a feature party's token, perhaps
+            except Unauthorized:
+                raise refused from None  # neither: party B's first answer says why
+            with _party_transport(args, server, token, party=me.party) as as_party:
+                info = as_party.psi_info()
+            party = {"run": me.run_id, "party": me.party}
+    print(json.dumps({"server": server, "ok": True, "party_b_ids": info.size, **party}))
     return 0
+
+
+def _party_transport(
+    args: argparse.Namespace, server: str, token: str, *, party: str | None = None
+) -> "PartyTransport":
+    """The transport of the party a party token acts for (``party``, ``--party``, else what
+    the token says: ``GET /v1/party``)."""
+    from party_a.transport.parties import PartyTransport
+
+    party = party or getattr(args, "party", None)
+    if party is None:
+        with _transport(args, server, token, timeout=10.0) as plain:
+            party = plain.whoami().party
+    return PartyTransport(
+        server, token, party=party, ca_bundle=args.ca_bundle, retry_for=args.retry_for
+    )
 
 
 # ====================================================================== align
@@ -110,11 +140,26 @@ def cmd_align(args: argparse.Namespace) -> int:
     server, token = connection(args)
     ids = read_id_table(args.features, id_column=args.id_column).ids
     store = open_state(args.state_dir, create=True)
-    transport = _transport(args, server, token)
+    from party_a.errors import Unauthorized
+
+    transport = (
+        _transport(args, server, token)
+        if getattr(args, "party", None) is None
+        else _party_transport(args, server, token)
+    )
     try:
-        result, cached = private_intersection(
-            ids, transport=transport, store=store, server=server.rstrip("/"), force=args.force
-        )
+        try:
+            result, cached = private_intersection(
+                ids, transport=transport, store=store, server=server.rstrip("/"), force=args.force
+            )
+        except Unauthorized:
+            if getattr(args, "party", None) is not None:
+                raise
+            transport.close()  # a feature party's token? its party's routes
+            transport = _party_transport(args, server, token)
+            result, cached = private_intersection(
+                ids, transport=transport, store=store, server=server.rstrip("/"), force=args.force
+            )
     finally:
         transport.close()
         store.close()

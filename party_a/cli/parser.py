@@ -176,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     _data_flags(align)
     align.add_argument("--force", action="store_true", help="rerun even when cached")
     align.add_argument("--ids-out", type=Path, help="also write the common ids, one a line")
+    align.add_argument("--party", help="a feature party of a run with several: its name")
     align.set_defaults(func=commands.cmd_align)
 
     check = _add(

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from api_schemas import AlignmentIn, AlignmentOut, PartyOut, PsiInfo, ResumeIn, RunCreate, RunOut
+from api_schemas import AlignmentIn, AlignmentOut, PsiInfo, ResumeIn, RunCreate, RunOut
 from party_a.errors import ConfigError, PartiesIncomplete, TransportError
 from party_a.transport.http import HttpTransport
 
@@ -52,7 +52,7 @@ class PartyTransport(HttpTransport):
     def run_id(self) -> str:
         """The run this party token acts for, asked once."""
         if self._run_id is None:
-            me = self._json("GET", "/v1/party", PartyOut)
+            me = self.whoami()
             if me.party != self.party:
                 raise ConfigError(
                     f"this token acts for party {me.party!r} of run {me.run_id}, not for "

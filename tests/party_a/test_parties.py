@@ -2,6 +2,7 @@
 trainers, each with its own columns of the bundled demo, its own token, bottom model and
 quantizer, train one run over real HTTP, evaluate and predict together."""
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -143,3 +144,34 @@ def test_a_party_whose_config_disagrees_with_the_run_is_told_what_differs(
             other.close()
     finally:
         trainer.close()
+
+
+def test_check_and_align_take_a_party_token(party_b: tuple[FastAPI, str], tmp_path: Path) -> None:
+    """fedlite-a check (the image's health check) and align (PSI alone) with a feature
+    party's token: they go through that party's routes (the token says which)."""
+    from tests.utils.cli import run_cli
+
+    app, url = party_b
+    tables = feature_tables(tmp_path / "a", {"left": (0, 10), "right": (10, 20)})
+    configs = {name: party_config("cli", name, 10) for name in ("left", "right")}
+    run_id, tokens = _create(app, url, run_of(configs))
+    env = {"FEDLITE_A_SERVER": url, "FEDLITE_A_TOKEN": tokens["left"]}
+
+    check = run_cli("a", "check", env=env)
+    align = run_cli(
+        "a", "align", "--features", str(tables["left"]), "--state-dir", str(tmp_path / "s"), env=env
+    )
+    wrong = run_cli("a", "check", env={**env, "FEDLITE_A_TOKEN": "not-a-token-0123456789"})
+
+    assert check.returncode == 0, check.stderr
+    assert json.loads(check.stdout) | {"party_b_ids": 0} == {
+        "server": url,
+        "ok": True,
+        "party_b_ids": 0,
+        "run": run_id,
+        "party": "left",
+    }
+    assert align.returncode == 0, align.stderr
+    assert json.loads(align.stdout)["intersection"] == 569 - 6  # left lacks 6 of the ids
+    assert wrong.returncode == 1 and "unknown or revoked token" in wrong.stderr
+    assert "party token" not in wrong.stderr  # party B's first answer, as for any token
