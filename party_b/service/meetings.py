@@ -175,6 +175,10 @@ class Meetings:
                 results = await offload(partial(meeting.agenda.compute, values))
             except Exception as exc:  # the same refusal (or fault) for every party
                 self._settle(meeting, partial(_same, exc))
+            except BaseException:  # this request was cancelled (a shutdown): not the others
+                gone = ProblemError.internal(f"{meeting.agenda.what} was interrupted; send again")
+                self._settle(meeting, partial(_same, gone))
+                raise
             else:
                 self._settle(meeting, results.get)
             finally:
