@@ -12,8 +12,8 @@ PRODUCT := $(VENV)/.installed-product
 DEV     := $(VENV)/.installed-dev
 INSTALL_INPUTS := $(BIN)/python pyproject.toml constraints.txt docker/install.sh
 
-.PHONY: install install-product test test-e2e test-deploy test-all lint typecheck pytest demo bench \
-	loadtest lock clean device-check
+.PHONY: install install-product test test-e2e test-deploy test-all lint typecheck pytest demo \
+	demo-parties bench loadtest lock clean device-check
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "need Python 3.11, 3.12 or 3.13 on PATH (or PYTHON=...)"; exit 1; }
@@ -60,6 +60,10 @@ test-all: test test-e2e test-deploy
 
 demo: $(PRODUCT)
 	$(BIN)/python examples/demo.py
+
+# Party B and two feature parties (docs/PROTOCOL.md section 12), three processes, real HTTP.
+demo-parties: $(PRODUCT)
+	$(BIN)/python examples/demo_parties.py
 
 # Benchmarks write benchmarks/results/*.json; the report renders them into docs/PERFORMANCE.md.
 bench: $(DEV)

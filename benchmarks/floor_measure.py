@@ -131,7 +131,9 @@ def bare_top(service: Service, run_id: str) -> Callable[[], None]:
     rows = state.label_rows[state.batch(1).positions]
     targets = labels.targets(rows)
     side = labels.side(rows) if model.side_features else None
-    z = torch.randn(len(rows) * state.rows_per_sample, state.config.cut_dim)
+    cut_dim = state.config.cut_dim
+    assert cut_dim is not None, "a run with one feature party"
+    z = torch.randn(len(rows) * state.rows_per_sample, cut_dim)
 
     def step() -> None:
         z_tilde = z.detach().requires_grad_(True)  # party A needs d loss / d z~

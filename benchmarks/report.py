@@ -347,6 +347,40 @@ def device_check_tables(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def parties_table(doc: dict[str, Any]) -> list[str]:
+    """benchmarks/results/parties.json: N = 1 and N = 2 feature parties, FedLite and
+    SplitFed, per task: the held-out metric over the seeds and each party's bytes a step."""
+    target = doc["target"]
+    gap = target["gap"]
+    verdict = "**met**" if target["met"] else "**not met**"
+    lines = [
+        f"*{_load_note(doc)}; `{doc['command']}`; value: the mean over the seeds "
+        "(± sample standard deviation); gap: N = 2's mean minus N = 1's, the same method; bytes "
+        "are len() of the step messages (HTTP bodies) per step, each party's and the total*",
+        "",
+    ]
+    if gap is not None:
+        lines += [f"- {target['what']}: gap {gap:+.4f}: {verdict}.", ""]
+    lines += [
+        "| task | parties | method | seeds | metric | value | gap to N = 1 | up B/step per party "
+        "| down B/step per party | up B/step total | down B/step total |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in doc["summary"]:
+        metric = next(r["metric"] for r in doc["records"] if r["task"] == row["task"])
+        spread = f" ± {row['std']:.4f}" if row["std"] is not None else ""
+        gap_text = "–" if row["parties"] == 1 else f"{row['gap_to_one_party']:+.4f}"
+        per = row["bytes_per_step"]
+        ups = " / ".join(f"{name} {b['up_per_step']:,.0f}" for name, b in per.items())
+        downs = " / ".join(f"{name} {b['down_per_step']:,.0f}" for name, b in per.items())
+        lines.append(
+            f"| {row['task']} | {row['parties']} | {row['method']} | {row['seeds']} | {metric} "
+            f"| {row['mean']:.4f}{spread} | {gap_text} | {ups} | {downs} "
+            f"| {row['up_per_step']:,.0f} | {row['down_per_step']:,.0f} |"
+        )
+    return lines
+
+
 def _mean(runs: list[dict[str, Any]], key: str) -> float:
     return float(sum(r[key] for r in runs) / len(runs))
 
@@ -382,6 +416,7 @@ def render() -> str:
             "first_contact",
             first_contact_table,
         ),
+        ("Several feature parties against one holding every feature", "parties", parties_table),
     ]
     one, default = _load("quantizer-1thread"), _load("quantizer")
     if one is not None:

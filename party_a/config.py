@@ -18,6 +18,7 @@ Example (every table but [run] is optional)::
     pipeline_depth = 1           # steps in flight (docs/PROTOCOL.md, "Pipelining")
     device = "cpu"               # where party A computes: "cpu", "cuda", "cuda:N" or "auto"
                                  # (a local choice: not part of the run, --device overrides it)
+    # party = "telco"            # one feature party of a run with several (PROTOCOL.md 12)
 
     [model.bottom]               # party A's bottom model (in_features defaults to the data)
     hidden = [64]
@@ -56,6 +57,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api_schemas import BatchScheduleSpec, OptimizerSpec, QuantizerSpec, RunCreate, ShuffleSchedule
+from api_schemas.runs import PARTY_NAME
 from party_a.environment import ENVIRONMENT, check_environment
 from party_a.errors import ConfigError
 
@@ -87,6 +89,9 @@ class RunSection(_Strict):
     # run's fingerprint, so a run trained on one device is resumed, evaluated or served on
     # another
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda|cuda:[0-9]+|auto)$")
+    # this party's name in a run with several feature parties (party B's operator created
+    # the run and issued this party's token); None: a run of this party alone
+    party: str | None = Field(default=None, pattern=PARTY_NAME)
 
 
 class ModelSection(_Strict):

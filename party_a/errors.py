@@ -16,6 +16,7 @@
           ├── BatchMismatch         409 batch-mismatch
           ├── CheckpointNotFound    409 checkpoint-not-found (checkpoints)
           ├── RunStateConflict      409 run-state
+          ├── PartiesIncomplete     409 parties-incomplete (missing_parties, waiting_for)
           └── TrainingDiverged      422 training-diverged
 """
 
@@ -28,6 +29,7 @@ __all__ = [
     "FedliteError",
     "Forbidden",
     "NotFound",
+    "PartiesIncomplete",
     "ProblemResponse",
     "ProtocolError",
     "RunNotFound",
@@ -117,6 +119,18 @@ class TrainingDiverged(ProblemResponse):
     pass
 
 
+class PartiesIncomplete(ProblemResponse):
+    """Party B waited for other feature parties of the run, in vain so far: send again."""
+
+    @property
+    def missing_parties(self) -> list[str]:
+        return [str(p) for p in self.extra.get("missing_parties", [])]
+
+    @property
+    def waiting_for(self) -> str:
+        return str(self.extra.get("waiting_for", ""))
+
+
 def _by_type() -> dict[str, type[ProblemResponse]]:
     # imported here: api_schemas loads pydantic, which `fedlite-a --help` does not need
     from api_schemas.problems import ProblemType
@@ -131,6 +145,7 @@ def _by_type() -> dict[str, type[ProblemResponse]]:
         ProblemType.CHECKPOINT_NOT_FOUND: CheckpointNotFound,
         ProblemType.RUN_STATE: RunStateConflict,
         ProblemType.TRAINING_DIVERGED: TrainingDiverged,
+        ProblemType.PARTIES_INCOMPLETE: PartiesIncomplete,
     }
 
 

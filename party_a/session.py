@@ -85,19 +85,32 @@ def open_session(
     its transform), whatever else the table holds.
     """
     from party_a.transport.http import HttpTransport
+    from party_a.transport.parties import PartyTransport
 
     key = server.strip().rstrip("/")
     local = store.find_run(key, config.run.name)
     if not create and local is None:
         raise RunNotFound(config.run.name, key)
     stored = store.serving(local.id) if local is not None else None
-    transport = HttpTransport(
-        server,
-        token,
-        ca_bundle=ca_bundle,
-        client_cert=client_cert,
-        client_key=client_key,
-        retry_for=retry_for,
+    transport = (
+        HttpTransport(
+            server,
+            token,
+            ca_bundle=ca_bundle,
+            client_cert=client_cert,
+            client_key=client_key,
+            retry_for=retry_for,
+        )
+        if config.run.party is None
+        else PartyTransport(
+            server,
+            token,
+            party=config.run.party,
+            ca_bundle=ca_bundle,
+            client_cert=client_cert,
+            client_key=client_key,
+            retry_for=retry_for,
+        )
     )
     try:
         # the table before torch: a wrong column is told in a second, not after the imports

@@ -27,7 +27,7 @@ from party_a import inference, recovery
 from party_a.alignment import AlignedData, align_run, known_intersection, private_intersection
 from party_a.bottom import BottomTrainer, PendingStep, StepResult
 from party_a.config import PartyAConfig
-from party_a.errors import ConfigError, NotFound, RunNotFound
+from party_a.errors import CheckpointNotFound, ConfigError, NotFound, RunNotFound, StepOutOfOrder
 from party_a.features import FeatureTable
 from party_a.loop import LoopSettings, StepRecord, TrainSummary, run_steps
 from party_a.phases import phase
@@ -225,6 +225,7 @@ class PartyATrainer:
         unset = {"device"}  # a local execution choice, never part of the run
         unset |= {"pipeline_depth"} if run.pipeline_depth == 1 else set()
         unset |= {"downlink"} if run.downlink is None else set()
+        unset |= {"party"} if run.party is None else set()
         exclude: dict[str, Any] = {"run": unset}
         if self.config.quantizer.codewords == "packed":
             exclude["quantizer"] = {"codewords"}
@@ -306,11 +307,26 @@ class PartyATrainer:
         settings = LoopSettings(run.steps, run.pipeline_depth, run.checkpoint_interval)
         try:
             run_steps(self, settings, summary, self.on_step)
+            while run.party is not None and not self._finished_by_every_party():
+                run_steps(self, settings, summary, self.on_step)  # another party rolled back
         finally:
             self.flush_steps()
         summary.seconds = time.perf_counter() - started
         self.view().freeze_codebook()
         return summary
+
+    def _finished_by_every_party(self) -> bool:
+        """A feature party of a run with several: training ends when every party has applied
+        the last step (party B's finish meeting, docs/PROTOCOL.md 12.7). False when the run
+        was rolled back meanwhile (a party that crashed before the last step): train on."""
+        assert self.local is not None
+        try:
+            self.transport.finish(self.run_id)
+        except StepOutOfOrder as exc:
+            log.warning("the run went back to step %s; training on", exc.applied_step)
+            return False
+        self.store.update_run(self.local.id, status="finished")
+        return True
 
     # ------------------------------------------------------------------ StepPort
 
@@ -385,16 +401,24 @@ class PartyATrainer:
         assert self.local is not None
         # party B as prepare() saw it, when no step has been sent since: no second GET
         remote, self._remote = self._remote, None
-        if remote is None:
-            remote = self.transport.get_run(self.run_id)
-        target = recovery.reconcile(
-            step=self.step,
-            remote=remote,
-            local_run=self.local.id,
-            store=self.store,
-            bottom=self.bottom,
-            transport=self.transport,
-        )
+        for attempt in range(3):
+            if remote is None:
+                remote = self.transport.get_run(self.run_id)
+            try:
+                target = recovery.reconcile(
+                    step=self.step,
+                    remote=remote,
+                    local_run=self.local.id,
+                    store=self.store,
+                    bottom=self.bottom,
+                    transport=self.transport,
+                )
+                break
+            except CheckpointNotFound:
+                # another feature party rolled party B back past our target meanwhile
+                if self.config.run.party is None or attempt == 2:
+                    raise
+                remote = None
         if target is None:
             return False
         self.step = target

@@ -107,6 +107,14 @@ class Settings(BaseSettings):
         "this long before the port closes, so that load balancers stop sending work here "
         "first (party_b/drain.py; requests in flight always finish)",
     )
+    party_wait_seconds: float = Field(
+        default=20.0,
+        gt=0,
+        le=110,
+        description="a run with several feature parties: longest wait of one party's request "
+        "for the others' (a step, an alignment, an evaluation...) before 409 "
+        "parties-incomplete; below party A's 120 s request timeout",
+    )
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     ssl_ca_certs: Path | None = Field(

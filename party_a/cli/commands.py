@@ -22,6 +22,7 @@ from party_a.session import open_state
 if TYPE_CHECKING:
     from party_a.store import LocalRun, LocalStore
     from party_a.transport.http import HttpTransport
+    from party_a.transport.parties import PartyTransport
 
 __all__ = [
     "cmd_align",
@@ -66,12 +67,29 @@ def cmd_ratio(args: argparse.Namespace) -> int:
 
 
 def _transport(
-    args: argparse.Namespace, server: str, token: str, *, timeout: float = 120.0
+    args: argparse.Namespace,
+    server: str,
+    token: str,
+    *,
+    timeout: float = 120.0,
+    local: "LocalRun | None" = None,
 ) -> "HttpTransport":
     """party A's client of party B at ``server``, with the command line's CA bundle and retry
-    budget; ``timeout`` per request, in seconds (the client's default)."""
+    budget; ``timeout`` per request, in seconds (the client's default). For ``local``, a run
+    trained as one feature party of several, that party's routes."""
     from party_a.transport.http import HttpTransport
+    from party_a.transport.parties import PartyTransport
 
+    party = local.config.get("run", {}).get("party") if local is not None else None
+    if party is not None:
+        return PartyTransport(
+            server,
+            token,
+            party=party,
+            ca_bundle=args.ca_bundle,
+            retry_for=args.retry_for,
+            timeout=timeout,
+        )
     return HttpTransport(
         server,
         token,
@@ -84,12 +102,41 @@ def _transport(
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Exit 0 when party B answers and accepts the token (the image's health check)."""
+    """Exit 0 when party B answers and accepts the token (the image's health check): an API
+    token, or a feature party's token of a run with several (docs/PROTOCOL.md 12)."""
+    from party_a.errors import Unauthorized
+
     server, token = connection(args)
+    party: dict[str, str] = {}
     with _transport(args, server, token, timeout=10.0) as t:
-        info = t.psi_info()  # authenticated: a revoked token fails here
-    print(json.dumps({"server": server, "ok": True, "party_b_ids": info.size}))
+        try:
+            info = t.psi_info()  # authenticated: a revoked token fails here
+        except Unauthorized as refused:
+            try:
+                me = t.whoami()  # a feature party's token, perhaps
+            except Unauthorized:
+                raise refused from None  # neither: party B's first answer says why
+            with _party_transport(args, server, token, party=me.party) as as_party:
+                info = as_party.psi_info()
+            party = {"run": me.run_id, "party": me.party}
+    print(json.dumps({"server": server, "ok": True, "party_b_ids": info.size, **party}))
     return 0
+
+
+def _party_transport(
+    args: argparse.Namespace, server: str, token: str, *, party: str | None = None
+) -> "PartyTransport":
+    """The transport of the party a party token acts for (``party``, ``--party``, else what
+    the token says: ``GET /v1/party``)."""
+    from party_a.transport.parties import PartyTransport
+
+    party = party or getattr(args, "party", None)
+    if party is None:
+        with _transport(args, server, token, timeout=10.0) as plain:
+            party = plain.whoami().party
+    return PartyTransport(
+        server, token, party=party, ca_bundle=args.ca_bundle, retry_for=args.retry_for
+    )
 
 
 # ====================================================================== align
@@ -102,11 +149,26 @@ def cmd_align(args: argparse.Namespace) -> int:
     server, token = connection(args)
     ids = read_id_table(args.features, id_column=args.id_column).ids
     store = open_state(args.state_dir, create=True)
-    transport = _transport(args, server, token)
+    from party_a.errors import Unauthorized
+
+    transport = (
+        _transport(args, server, token)
+        if getattr(args, "party", None) is None
+        else _party_transport(args, server, token)
+    )
     try:
-        result, cached = private_intersection(
-            ids, transport=transport, store=store, server=server.rstrip("/"), force=args.force
-        )
+        try:
+            result, cached = private_intersection(
+                ids, transport=transport, store=store, server=server.rstrip("/"), force=args.force
+            )
+        except Unauthorized:
+            if getattr(args, "party", None) is not None:
+                raise
+            transport.close()  # a feature party's token? its party's routes
+            transport = _party_transport(args, server, token)
+            result, cached = private_intersection(
+                ids, transport=transport, store=store, server=server.rstrip("/"), force=args.force
+            )
     finally:
         transport.close()
         store.close()
@@ -184,7 +246,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_demo_data(args: argparse.Namespace) -> int:
     from shared.demo_data import write_party_a_demo
 
-    print(write_party_a_demo(args.out, overlap=args.overlap, seed=args.seed))
+    start, sep, stop = str(args.columns).partition(":")
+    if not (sep and start.isdigit() and stop.isdigit()):
+        raise ConfigError(f"--columns takes START:STOP, e.g. 0:10, got {args.columns!r}")
+    columns = (int(start), int(stop))
+    print(write_party_a_demo(args.out, overlap=args.overlap, seed=args.seed, columns=columns))
     return 0
 
 
@@ -254,7 +320,7 @@ def cmd_finish(args: argparse.Namespace) -> int:
         local = store.find_run(server, name)
         if local is None:
             raise run_not_found(RunNotFound(name, server), store, args.state_dir)
-        with _transport(args, server, token) as transport:
+        with _transport(args, server, token, local=local) as transport:
             remote = transport.finish(local.remote_id)
         store.update_run(local.id, status="finished")
     finally:
@@ -279,7 +345,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     store = open_state(args.state_dir, create=False)
     try:
         server, local = _local_run(args, store)
-        with _transport(args, server, connection(args)[1]) as transport:
+        with _transport(args, server, connection(args)[1], local=local) as transport:
             remote = transport.get_run(local.remote_id)
         shown = {
             "party_b": json.loads(remote.model_dump_json(exclude={"alignment_key"})),
@@ -302,7 +368,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     store = open_state(args.state_dir, create=False)
     try:
         server, local = _local_run(args, store)
-        with _transport(args, server, connection(args)[1]) as transport:
+        with _transport(args, server, connection(args)[1], local=local) as transport:
             try:
                 transport.delete_run(local.remote_id)
             except NotFound:

@@ -46,6 +46,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Flags that override the config file, as dotted keys."""
     named = {
         "name": "run.name",
+        "party": "run.party",
         "model": "run.model",
         "steps": "run.steps",
         "batch_size": "run.batch_size",

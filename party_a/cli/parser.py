@@ -77,6 +77,11 @@ def _session_flags(parser: argparse.ArgumentParser) -> None:
     _data_flags(parser)
     parser.add_argument("--config", type=Path, help="run config (TOML); flags override it")
     parser.add_argument("--name", help="run name (config [run] name)")
+    parser.add_argument(
+        "--party",
+        help="this party's name in a run with several feature parties (config [run] party); "
+        "the token is the one party B's operator issued to this party",
+    )
     parser.add_argument("--model", help="split model (config [run] model)")
     parser.add_argument("--steps", type=int, help="training steps in all (config [run] steps)")
     parser.add_argument(
@@ -218,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     _data_flags(align)
     align.add_argument("--force", action="store_true", help="rerun even when cached")
     align.add_argument("--ids-out", type=Path, help="also write the common ids, one a line")
+    align.add_argument("--party", help="a feature party of a run with several: its name")
     align.set_defaults(func=commands.cmd_align)
 
     check = _add(
@@ -275,6 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "demo-data", help="write party A's half of the bundled breast-cancer demo data (CSV)"
     )
     demo.add_argument("--out", type=Path, default=Path("party_a_features.csv"))
+    demo.add_argument(
+        "--columns",
+        default="0:20",
+        help="START:STOP of party A's 20 columns, e.g. 0:10 and 10:20 for two feature parties",
+    )
     _overlap_flags(demo)
     demo.set_defaults(func=commands.cmd_demo_data)
 

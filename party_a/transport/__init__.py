@@ -1,5 +1,6 @@
 """How party A reaches party B: one protocol of calls, implemented over HTTP (``http.py``) and,
-for experiments and tests, in process (``party_b.inprocess``); ``diagnose.py`` tells a
+for experiments and tests, in process (``party_b.inprocess``); ``parties.py`` is one feature
+party of a run with several (docs/PROTOCOL.md section 12); ``diagnose.py`` tells a
 configuration mistake (wrong scheme, TLS to a plain port, an untrusted certificate) from a
 fault that waiting can heal.
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from api_schemas import AlignmentIn, AlignmentOut, PsiInfo, ResumeIn, RunCreate, RunOut
+from api_schemas import AlignmentIn, AlignmentOut, PartyOut, PsiInfo, ResumeIn, RunCreate, RunOut
 from api_schemas.problems import MSGPACK_CONTENT_TYPE, PROBLEM_CONTENT_TYPE
 from party_a.errors import ConfigError, ProtocolError, TransportError, problem_from_body
 from party_a.transport.diagnose import TlsProbe, check_base_url, configuration_fault
@@ -97,6 +97,10 @@ class HttpTransport:
 
     def get_run(self, run_id: str) -> RunOut:
         return self._json("GET", f"/v1/runs/{run_id}", RunOut)
+
+    def whoami(self) -> PartyOut:
+        """What a feature party's token acts for (docs/PROTOCOL.md section 12.3)."""
+        return self._json("GET", "/v1/party", PartyOut)
 
     def align(self, run_id: str, hashed_ids: list[str]) -> AlignmentOut:
         body = AlignmentIn(hashed_ids=hashed_ids)

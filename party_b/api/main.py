@@ -65,6 +65,7 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
         checkpoints_kept=settings.checkpoints_kept,
         privacy=settings.privacy_policy(),
         step_hold=settings.step_hold_seconds,
+        party_wait=settings.party_wait_seconds,
     )
     log_privacy(service.context.privacy, explicit="privacy" in settings.model_fields_set)
     service.runs.recover()  # logs, per training run, the step it resumes from

@@ -7,6 +7,7 @@
     fedlite-b db copy --from URL --to URL   move the state to another database (B stopped)
     fedlite-b runs list|show ID|delete ID   every caller's runs (delete: party B stopped)
     fedlite-b audit [--totals] [--jsonl]  who did what to which run, with how many ids, when
+    fedlite-b parties create|tokens|revoke|list   runs with several feature parties
     fedlite-b health                     exit 0 if the local server answers /healthz
     fedlite-b export --run ID --out DIR  a trained run's top model and transform, for serving
     fedlite-b demo-data --out FILE       party B's half of the bundled demo data
@@ -447,6 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     _storage_flags(export)
     _label_flags(export)
     export.set_defaults(func=_cmd_export)
+    from party_b.ops import parties
+
+    parties.add_parser(sub, _add, _storage_flags, _label_flags)
     return parser
 
 
@@ -467,6 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             getattr(args, "token_command", None),
             getattr(args, "db_command", None),
             getattr(args, "runs_command", None),
+            getattr(args, "parties_command", None),
         )
         if c
     )

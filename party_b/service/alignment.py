@@ -29,6 +29,7 @@ from api_schemas import AlignmentOut, PsiInfo, RunCreate, RunStatus
 from party_b import audit, store
 from party_b.errors import ProblemError
 from party_b.service.context import ServiceContext
+from party_b.service.fusion import one_party_route
 from party_b.service.runstate import Caller, owned_row
 from party_b.service.views import alignment_out
 from shared import codec
@@ -218,6 +219,7 @@ class Alignment:
         a retry brings the same keys), and its aligned list."""
         with self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
+            one_party_route(RunCreate.from_stored(run.config), "posts its aligned keys")
             own = hmac_ids(bytes.fromhex(run.alignment_key), self._ctx.labels.ids)
             labeled = self._ctx.labels.labeled
             # rows without a label are served, never trained or evaluated on
@@ -229,12 +231,12 @@ class Alignment:
                 if run.aligned_ids == b"".join(aligned):
                     return run, aligned  # a retried call: same answer
                 raise ProblemError.run_state("run is already aligned with a different id set")
-            self._start(session, run, aligned)
+            self.start(session, run, aligned)
             session.commit()
         audit.record(self._ctx.sessions, caller, "align", run_id, ids=len(aligned))
         return run, aligned
 
-    def _start(self, session: Session, run: store.Run, aligned: list[bytes]) -> None:
+    def start(self, session: Session, run: store.Run, aligned: list[bytes]) -> None:
         """Split the aligned ids, store them and the initial model: the run is training."""
         spec = RunCreate.from_stored(run.config)
         train_pos, eval_pos = split_train_eval(

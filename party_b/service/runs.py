@@ -16,6 +16,7 @@ from party_b.privacy import PrivacyPolicy
 from party_b.privacy.accounting import charge
 from party_b.privacy.run import RunPrivacy
 from party_b.service.context import ServiceContext
+from party_b.service.fusion import one_party_route
 from party_b.service.runstate import Caller, owned_row
 from party_b.service.views import run_out
 from shared.training import state_sha256
@@ -114,6 +115,12 @@ class Runs:
                 return run_out(session, run, self._ctx.cache.peek(run_id))
             if run.status != RunStatus.TRAINING.value:
                 raise ProblemError.run_state(f"run is {run.status}; align and train it first")
+            one_party_route(RunCreate.from_stored(run.config), "finishes")
+        return self.close(caller, run_id)
+
+    def close(self, caller: Caller, run_id: str) -> RunOut:
+        """Finish a training run the caller owns: checkpoint its model, no more steps (a run
+        with parties: once every party has finished, ``party_b.service.parties``)."""
         state = self._ctx.cache.owned(caller, run_id)
         with state.lock, self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)

@@ -38,6 +38,7 @@ from party_b.errors import ProblemError
 from party_b.privacy.run import protected_step
 from party_b.service import activations, answer
 from party_b.service.context import ServiceContext
+from party_b.service.fusion import one_party_route
 from party_b.service.loader import restore
 from party_b.service.runstate import Caller, RunState, owned_row
 from party_b.service.views import finite_or_none, run_out
@@ -72,6 +73,8 @@ class Steps:
         """Apply one training step exactly once; returns the encoded StepResponse."""
         started = time.perf_counter()
         state = self._ctx.cache.owned(caller, run_id)
+        if state.config.parties is not None:
+            one_party_route(state.config, "sends its steps")
         with state.lock:
             if state.finished:
                 raise ProblemError.run_state("run is finished; it takes no more steps")
@@ -87,6 +90,11 @@ class Steps:
     def resume(self, caller: Caller, run_id: str, from_step: int) -> RunOut:
         """Roll the run back to one of its checkpoints (party A resumes from its own copy)."""
         state = self._ctx.cache.owned(caller, run_id)
+        one_party_route(state.config, "rolls the run back")
+        return self.roll_back(caller, run_id, state, from_step)
+
+    def roll_back(self, caller: Caller, run_id: str, state: RunState, from_step: int) -> RunOut:
+        """``resume`` of any run the caller owns (a run with parties: from a party route)."""
         with state.lock, self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
             if run.status != RunStatus.TRAINING.value:

@@ -6,6 +6,7 @@
     queries.py      every other query the service makes
     ledger.py       the privacy ledger: epsilon spent per run, budgets per token
     tokens.py       API tokens by name or hash, active or all; revoked hashes
+    parties.py      runs with several feature parties: party tokens, traffic per party
 
 Everything is re-exported here: ``from party_b import store`` then ``store.owned_run(...)``.
 """

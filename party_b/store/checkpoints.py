@@ -8,6 +8,7 @@ so after a crash it is either wholly there or not there. Callers commit.
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from party_b.store.parties import forget_party_traffic_after
 from party_b.store.tables import Checkpoint, StepLog
 
 __all__ = ["checkpoint_steps", "forget_after", "load_checkpoint", "save_checkpoint"]
@@ -72,3 +73,4 @@ def forget_after(session: Session, run_id: str, step: int) -> None:
     """Drop step-log rows and checkpoints past ``step``: that future was rolled back."""
     session.execute(delete(StepLog).where(StepLog.run_id == run_id, StepLog.step > step))
     session.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step > step))
+    forget_party_traffic_after(session, run_id, step)  # a run with parties: per party

@@ -13,6 +13,7 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from party_b.store.parties import PartyToken, PartyTraffic
 from party_b.store.tables import (
     Checkpoint,
     EvalResult,
@@ -52,11 +53,14 @@ def owned_run(session: Session, owner_id: int, run_id: str) -> Run | None:
     return session.scalars(query).first()
 
 
+PARTY_TABLES = (PartyToken, PartyTraffic)
+
+
 def delete_run(session: Session, run_id: str) -> None:
     """Delete a run and everything stored for it (step log, checkpoints, evaluations, the
     key it was created with, its privacy policy); explicit rather than by cascade, which
     PostgreSQL and SQLite would both do but an older SQLite file may not have declared."""
-    for table in (StepLog, Checkpoint, EvalResult, IdempotencyKey, RunPrivacy):
+    for table in (StepLog, Checkpoint, EvalResult, IdempotencyKey, RunPrivacy) + PARTY_TABLES:
         session.execute(delete(table).where(table.run_id == run_id))
     session.execute(delete(Run).where(Run.id == run_id))
 

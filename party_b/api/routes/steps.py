@@ -1,6 +1,7 @@
 """Training steps (msgpack, exactly once), the step log, and rolling back to a checkpoint."""
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Query, Request, Response
 
@@ -12,6 +13,7 @@ from party_b.service import Caller
 from shared.types import MAX_STEP
 
 A = Action
+T = TypeVar("T")
 router = APIRouter(route_class=ContractRoute)
 P = ProblemType
 RUN = (*AUTHENTICATED, P.NOT_FOUND)
@@ -41,8 +43,12 @@ async def step(
     request: Request, run_id: str, who: Annotated[Caller, allowed(A.STEP)], service: ServiceDep
 ) -> Response:
     body = await request.body()
+
+    async def offload(fn: Callable[[], T]) -> T:
+        return await in_thread(request, fn)
+
     # a step that overtook its predecessor waits here, not in one of the few worker threads
-    async with service.turns.turn(who, run_id, body, lambda load: in_thread(request, load)):
+    async with service.turns.turn(who, run_id, body, offload):
         return msgpack(await in_thread(request, service.steps.step, who, run_id, body))
 
 

@@ -197,6 +197,10 @@ function showRun(report) {
   Charts.draw($("chart-time"), { fromZero: true, empty: "no steps yet", series: [
     { name: "ms per step", points: report.points.map((p) => [at(p), p.step_ms]), color: 3 },
   ] });
+  $("parties").hidden = report.parties.length === 0;  // a run with several feature parties
+  $("party-traffic").tBodies[0].replaceChildren(...report.parties.map((p) =>
+    row([p.name, number(p.cut_dim), p.quantizer, p.downlink, number(p.steps),
+      bytes(p.up_per_step), bytes(p.down_per_step), bytes(p.up_total), bytes(p.down_total)])));
   $("evaluations").tBodies[0].replaceChildren(...report.evaluations.slice().reverse().map((e) =>
     row([number(e.step), e.split, number(e.n), number(e.loss, 4),
       Object.entries(e.metrics).map(([k, v]) => `${k} ${number(v, 4)}`).join(", "),

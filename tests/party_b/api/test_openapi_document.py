@@ -26,6 +26,11 @@ MSGPACK_OPERATIONS = {
     ("post", "/v1/runs/{run_id}/evaluate"): ("EvaluateRequest", "EvaluateResponse"),
     ("post", "/v1/runs/{run_id}/predict"): ("PredictRequest", "PredictResponse"),
     ("post", "/v1/runs/{run_id}/alignment/keys"): ("AlignRequest", "AlignReply"),
+    # a run's feature parties (docs/PROTOCOL.md section 12)
+    ("post", "/v1/runs/{run_id}/parties/{party}/psi"): ("PsiRequest", "PsiReply"),
+    ("post", "/v1/runs/{run_id}/parties/{party}/steps"): ("StepRequest", "StepResponse"),
+    ("post", "/v1/runs/{run_id}/parties/{party}/evaluate"): ("EvaluateRequest", "EvaluateResponse"),
+    ("post", "/v1/runs/{run_id}/parties/{party}/predict"): ("PredictRequest", "PredictResponse"),
 }
 
 

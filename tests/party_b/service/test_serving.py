@@ -99,3 +99,32 @@ def test_an_evaluation_whose_loss_overflows_is_refused_not_answered_as_inf() -> 
         top.evaluate(z, targets, None)
     sane = top.evaluate(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 1]), None)
     assert math.isfinite(sane.loss)
+
+
+def test_predict_ids_are_aligned_keys_in_lowercase_hex_as_written(tmp_path: Path) -> None:
+    """PROTOCOL.md 4.5: ids are 64 lowercase hex characters. The same key in uppercase, or
+    with a prefix, is not an aligned key: 422 unknown-ids (it once passed bytes.fromhex)."""
+    settings = Settings(
+        data_dir=tmp_path / "b", labels=labels_csv(tmp_path / "labels.csv"), tokens=f"t:{TOKEN}"
+    )
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with (
+        live_server(create_app(settings)) as url,
+        httpx.Client(base_url=url, headers=headers, timeout=60) as client,
+    ):
+        run = aligned_run(client)
+        lower = [k.hex() for k in run.aligned[:2]]
+        chunk = run.chunk(2)
+        for ids, status in [
+            (lower, 200),
+            ([lower[0].upper(), lower[1]], 422),
+            ([lower[0], " " + lower[1]], 422),
+            ([lower[0], "0x" + lower[1][2:]], 422),
+        ]:
+            body = codec.encode_predict_request(codec.PredictRequest(ids=ids, chunks=(chunk,)))
+            answer = client.post(f"/v1/runs/{run.id}/predict", content=body, headers=MSGPACK)
+            if status == 200:
+                assert answer.status_code == 200, answer.text
+                assert codec.decode_predict_response(answer.content).ids == ids
+            else:
+                assert "1 of 2 ids" in problem(answer, 422, "unknown-ids")["detail"]
