@@ -295,7 +295,8 @@ url_data: dict[str, str] = {}  # party B's URL -> its data directory (the operat
 def party_b_with_data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     guest, _host = breast_pair()
     tmp = tmp_path_factory.mktemp("independent-parties")
-    settings = PartyBSettings(data_dir=tmp / "b", labels=guest, tokens=f"t:{TOKEN}")
+    # two runs compared to the bit: no per-run randomized labels (label DP is per run)
+    settings = PartyBSettings(data_dir=tmp / "b", labels=guest, tokens=f"t:{TOKEN}", privacy="off")
     with live_server(create_app(settings)) as url:
         url_data[url] = str(tmp / "b")
         yield url

@@ -209,8 +209,13 @@ def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
 
 def test_three_parties_killed_at_random_moments_end_bit_identical(tmp_path: Path) -> None:
     labels = write_party_b_demo(tmp_path / "labels.csv")
+    # a killed run against an uninterrupted one, to the bit: no per-run randomized labels
+    # (label DP draws them from each run's own secret)
     party_b = PartyBProcess(
-        tmp_path / "b", labels, {"alice": ALICE}, env={"FEDLITE_B_PARTY_WAIT_SECONDS": "4"}
+        tmp_path / "b",
+        labels,
+        {"alice": ALICE},
+        env={"FEDLITE_B_PARTY_WAIT_SECONDS": "4", "FEDLITE_B_PRIVACY": "off"},
     )
     party_b.start()
     runs: list[Run] = []

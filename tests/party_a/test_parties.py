@@ -173,5 +173,5 @@ def test_check_and_align_take_a_party_token(party_b: tuple[FastAPI, str], tmp_pa
     }
     assert align.returncode == 0, align.stderr
     assert json.loads(align.stdout)["intersection"] == 569 - 6  # left lacks 6 of the ids
-    assert wrong.returncode == 1 and "unknown or revoked token" in wrong.stderr
+    assert wrong.returncode == 2 and "unknown or revoked token" in wrong.stderr  # cannot heal
     assert "party token" not in wrong.stderr  # party B's first answer, as for any token

@@ -102,7 +102,9 @@ async def party_run(request: Request, scope: PartyDep, service: ServiceDep) -> R
 
 @router.get(f"{PATH}/psi", tags=["parties"], **contract(problems=PARTY))
 async def party_psi_info(request: Request, scope: PartyDep, service: ServiceDep) -> PsiInfo:
-    return await in_thread(request, service.parties.psi_info, scope)
+    info: PsiInfo = await in_thread(request, service.parties.psi_info, scope)
+    # a party aligns through its own route, which takes the JSON alignment only
+    return info.model_copy(update={"alignment_formats": ["json"]})
 
 
 @router.post(

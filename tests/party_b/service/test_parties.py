@@ -32,6 +32,7 @@ def _party_b(tmp_path: Path, wait: float = 20.0) -> Iterator[tuple[FastAPI, str]
         labels=labels_csv(tmp_path / "labels.csv"),
         tokens=f"owner:{TOKEN},other:{OTHER}",
         party_wait_seconds=wait,
+        privacy="off",  # runs compared to the bit: no per-run randomized labels
     )
     app = create_app(settings)
     with live_server(app) as url:
