@@ -53,7 +53,9 @@ def _held_step_body(step: int) -> bytes:
 @pytest.mark.timeout(600)
 def test_sigterm_drains_checkpoints_and_the_run_resumes_bit_identical(tmp_path: Path) -> None:
     auth = {"Authorization": f"Bearer {ALICE}"}
-    with breast_party_b(tmp_path / "b", env={"FEDLITE_B_DRAIN_SECONDS": str(DRAIN_SECONDS)}) as b:
+    # two runs compared to the bit: privacy off (label DP draws labels from each run's secret)
+    env = {"FEDLITE_B_DRAIN_SECONDS": str(DRAIN_SECONDS), "FEDLITE_B_PRIVACY": "off"}
+    with breast_party_b(tmp_path / "b", env=env) as b:
         reference = _trainer(tmp_path, b.url, "reference")
         reference.prepare()
         reference.train()
