@@ -106,11 +106,6 @@ def _config(
     if create:
         return load_config(args.config, overrides(args))
     given = {k: v for k, v in overrides(args).items() if k != "run.name"}
-    if given:
-        raise ConfigError(
-            f"{', '.join(given)}: a trained run's config cannot change; give only --name "
-            "(or --config, whose [run] name finds the run)"
-        )
     name = args.name or (load_config(args.config, {}).run.name if args.config else None)
     if not name:
         raise ConfigError("give the run with --name NAME (or --config run.toml)")
@@ -118,7 +113,24 @@ def _config(
     local = store.find_run(server, name)
     if local is None:
         raise run_not_found(RunNotFound(name, server), store, args.state_dir)
+    # a flag that repeats the trained value (a party's --party on every command) is no change
+    changed = [key for key, value in given.items() if _dotted(local.config, key) != value]
+    if changed:
+        raise ConfigError(
+            f"{', '.join(changed)}: a trained run's config cannot change; give only --name "
+            "(or --config, whose [run] name finds the run)"
+        )
     return PartyAConfig.model_validate(local.config)
+
+
+def _dotted(config: dict[str, Any], key: str) -> Any:
+    """``config``'s value at a dotted key such as ``run.party`` (None where absent)."""
+    value: Any = config
+    for part in key.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
 
 
 @contextmanager

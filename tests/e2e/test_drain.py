@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgpack
+import numpy as np
 import pytest
 
 from party_a.trainer import PartyATrainer, TrainSummary
 from party_a.transport.http import HttpTransport
+from shared import codec
 from shared.training import state_sha256
-from shared.wire.envelope import WIRE_VERSION, MessageType
+from shared.types import DIGEST_BYTES
 from tests.utils.crash import party_b_checkpoints
 from tests.utils.data import breast_pair
 from tests.utils.party_a import breast_config, make_trainer
@@ -44,10 +45,16 @@ def _trainer(tmp_path: Path, url: str, name: str) -> PartyATrainer:
 
 
 def _held_step_body(step: int) -> bytes:
-    """A step request whose head is valid (so party B holds it for its turn, up to 5 s) and
-    whose body is not: once released, it is answered 400."""
-    head = {"v": WIRE_VERSION, "t": MessageType.STEP_REQUEST.value, "s": step}
-    return bytes(msgpack.packb(head))
+    """A well-formed request for ``step`` of a run whose step 1 never comes (breast_config's
+    batch of 32 rows, a 32-wide cut, PQ q = 8, L = 4): party B holds it for its turn (up to
+    5 s), then answers 409 step-out-of-order. Its activations and digest are never used."""
+    rng = np.random.default_rng(step)
+    chunk = codec.PQActivations(
+        codebook=rng.standard_normal((1, 4, 4)).astype(np.float32),
+        codewords=rng.integers(0, 4, (32, 8)),
+    )
+    request = codec.StepRequest(step=step, batch_digest=bytes(DIGEST_BYTES), chunks=(chunk,))
+    return codec.encode_step_request(request)
 
 
 @pytest.mark.timeout(600)
@@ -127,7 +134,9 @@ def test_sigterm_drains_checkpoints_and_the_run_resumes_bit_identical(tmp_path: 
     assert live.status_code == 200
     assert refused.status_code == 503 and refused.headers["Retry-After"] == "5"
     assert refused.headers["content-type"] == "application/problem+json"
-    assert in_flight and in_flight[0].status_code == 400, in_flight  # answered, not cut off
+    # answered, not cut off: its turn never came (409), as without a drain
+    assert in_flight and in_flight[0].status_code == 409, in_flight
+    assert in_flight[0].json()["type"].endswith(":step-out-of-order")
     assert exit_code == 0, drained_log[-3000:]
     # it checkpointed the run where it stopped (unless a periodic checkpoint was there)
     if applied_at_stop % CONFIG["run.checkpoint_interval"]:

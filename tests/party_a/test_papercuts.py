@@ -169,6 +169,7 @@ def test_predict_with_the_same_config_finds_a_run_trained_with_a_flag_override(
     scored = run_cli("a", "predict", *common, "--ids", "s0001")
     evaluated = run_cli("a", "evaluate", *common)
     changed = run_cli("a", "predict", *common, "--ids", "s0001", "--steps", "9")
+    repeated = run_cli("a", "predict", *common, "--ids", "s0001", "--steps", "4")  # as trained
 
     assert scored.returncode == 0, scored.stderr
     assert scored.stdout.splitlines()[1].startswith("s0001,")
@@ -177,6 +178,7 @@ def test_predict_with_the_same_config_finds_a_run_trained_with_a_flag_override(
     assert changed.returncode == 2 and "run.steps: a trained run's config cannot change" in (
         changed.stderr
     )
+    assert repeated.returncode == 0, repeated.stderr  # a flag that repeats the run is no change
 
 
 def test_serve_export_with_a_wrong_id_column_is_one_line(
