@@ -12,8 +12,8 @@ PRODUCT := $(VENV)/.installed-product
 DEV     := $(VENV)/.installed-dev
 INSTALL_INPUTS := $(BIN)/python pyproject.toml constraints.txt docker/install.sh
 
-.PHONY: install install-product test test-e2e test-deploy test-all lint typecheck pytest demo bench \
-	loadtest replicas lock clean
+.PHONY: install install-product test test-e2e test-deploy test-all lint typecheck pytest demo \
+	demo-parties bench loadtest replicas lock clean device-check
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "need Python 3.11, 3.12 or 3.13 on PATH (or PYTHON=...)"; exit 1; }
@@ -61,6 +61,10 @@ test-all: test test-e2e test-deploy
 demo: $(PRODUCT)
 	$(BIN)/python examples/demo.py
 
+# Party B and two feature parties (docs/PROTOCOL.md section 12), three processes, real HTTP.
+demo-parties: $(PRODUCT)
+	$(BIN)/python examples/demo_parties.py
+
 # Benchmarks write benchmarks/results/*.json; the report renders them into docs/PERFORMANCE.md.
 bench: $(DEV)
 	$(BIN)/python -m benchmarks.codec
@@ -70,7 +74,19 @@ bench: $(DEV)
 	$(BIN)/python -m benchmarks.throughput
 	$(BIN)/python -m benchmarks.memory
 	$(BIN)/python -m benchmarks.schedule
+	$(BIN)/python -m benchmarks.floor
+	$(BIN)/python -m benchmarks.threads
 	$(BIN)/python -m benchmarks.report
+
+# The GPU path on a machine with a CUDA GPU (docs/PERFORMANCE.md, "On a GPU"), about 3 minutes:
+# writes $(DEVICE_OUT)/device_check.json. No install step: it runs from the source tree with any
+# python that holds a CUDA build of torch and the runtime dependencies, e.g.
+#   make device-check DEVICE_PY=python3 DEVICE_OUT=/tmp/out DEVICE_ARGS="--data-dir gpu-data"
+DEVICE_PY ?= $(BIN)/python
+DEVICE_OUT ?= benchmarks/results
+device-check:
+	PYTHONPATH=.$(if $(PYTHONPATH),:$(PYTHONPATH)) $(DEVICE_PY) -m benchmarks.device_check \
+		--out $(DEVICE_OUT) $(DEVICE_ARGS)
 
 # Locust, headless, against a party B started on 127.0.0.1 (exit code 1 = SLO missed).
 loadtest: $(DEV)

@@ -13,3 +13,9 @@ class PsiInfo(BaseModel):
     protocol: str = Field(description="the PSI construction party B speaks (see docs)")
     size: int = Field(description="ids party B holds (|Y|; the PSI set-up reveals it anyway)")
     max_ids: int = Field(description="most ids one PSI request may hold")
+    alignment_formats: list[str] = Field(
+        default=["json"],
+        description="how party B takes a run's alignment: 'json' (POST /v1/runs/{id}/alignment, "
+        "hex keys) and 'keys' (POST /v1/runs/{id}/alignment/keys, msgpack key prefixes, "
+        "docs/PROTOCOL.md 8.1); absent from a party B older than 'keys': json only",
+    )

@@ -19,7 +19,8 @@ _PREFIX = "urn:fedlite:problem:"
 class ProblemType(StrEnum):
     """Stable problem types. Adding one is fine; renaming one breaks clients."""
 
-    UNAUTHORIZED = _PREFIX + "unauthorized"  # no, malformed or revoked token
+    UNAUTHORIZED = _PREFIX + "unauthorized"  # no, malformed, revoked or expired token
+    FORBIDDEN = _PREFIX + "forbidden"  # a valid token whose scope does not cover the route
     NOT_FOUND = _PREFIX + "not-found"  # no such route, or a run the token cannot see
     METHOD_NOT_ALLOWED = _PREFIX + "method-not-allowed"
     MALFORMED_MESSAGE = _PREFIX + "malformed-message"  # msgpack body failed to decode
@@ -37,9 +38,13 @@ class ProblemType(StrEnum):
     CHECKPOINT_NOT_FOUND = _PREFIX + "checkpoint-not-found"  # resume to a step not kept
     TRAINING_DIVERGED = _PREFIX + "training-diverged"  # NaN/Inf loss; step not applied
     UNKNOWN_IDS = _PREFIX + "unknown-ids"  # prediction ids party B does not hold
+    PARTIES_INCOMPLETE = _PREFIX + "parties-incomplete"  # other feature parties not there yet
     IDEMPOTENCY_KEY_REUSED = _PREFIX + "idempotency-key-reused"  # same key, other body
+    PRIVACY_BUDGET_EXCEEDED = _PREFIX + "privacy-budget-exceeded"  # token's label-DP budget
+    PRIVACY_REFUSED = _PREFIX + "privacy-refused"  # the run's privacy policy forbids it
     INTERNAL = _PREFIX + "internal"  # a bug or damaged state on party B's side, never input
     RUN_MOVED = _PREFIX + "run-moved"  # another replica of party B took the run over; resend
+    UNAVAILABLE = _PREFIX + "unavailable"  # draining, starting or without its database: retry
 
 
 class ProblemKind(NamedTuple):
@@ -49,6 +54,7 @@ class ProblemKind(NamedTuple):
 
 PROBLEMS: dict[ProblemType, ProblemKind] = {
     ProblemType.UNAUTHORIZED: ProblemKind(401, "Unauthorized"),
+    ProblemType.FORBIDDEN: ProblemKind(403, "Forbidden"),
     ProblemType.NOT_FOUND: ProblemKind(404, "Not found"),
     ProblemType.METHOD_NOT_ALLOWED: ProblemKind(405, "Method not allowed"),
     ProblemType.MALFORMED_MESSAGE: ProblemKind(400, "Malformed message"),
@@ -66,9 +72,13 @@ PROBLEMS: dict[ProblemType, ProblemKind] = {
     ProblemType.CHECKPOINT_NOT_FOUND: ProblemKind(409, "No such checkpoint"),
     ProblemType.TRAINING_DIVERGED: ProblemKind(422, "Training diverged"),
     ProblemType.UNKNOWN_IDS: ProblemKind(422, "Unknown ids"),
+    ProblemType.PARTIES_INCOMPLETE: ProblemKind(409, "Waiting for other parties"),
     ProblemType.IDEMPOTENCY_KEY_REUSED: ProblemKind(422, "Idempotency key reused"),
+    ProblemType.PRIVACY_BUDGET_EXCEEDED: ProblemKind(403, "Privacy budget exceeded"),
+    ProblemType.PRIVACY_REFUSED: ProblemKind(403, "Refused by the run's privacy policy"),
     ProblemType.INTERNAL: ProblemKind(500, "Internal error"),
     ProblemType.RUN_MOVED: ProblemKind(503, "Run taken over by another replica"),
+    ProblemType.UNAVAILABLE: ProblemKind(503, "Service unavailable"),
 }
 
 

@@ -113,6 +113,41 @@ class OptimizerSpec(_Strict):
     )
 
 
+# A feature party's name: it appears in URL paths (docs/PROTOCOL.md section 12).
+PARTY_NAME = r"^[a-z][a-z0-9_-]{0,31}$"
+MAX_PARTIES = 16
+Fusion = Literal["concat", "sum", "mean"]
+
+
+class FeatureParty(_Strict):
+    """One feature party of a run with several (docs/PROTOCOL.md section 12.1): its name,
+    the width of its activations and how they and its gradients travel."""
+
+    name: str = Field(pattern=PARTY_NAME, description="unique in the run; used in URL paths")
+    cut_dim: int = Field(ge=1, description="d_p, the width of this party's activations")
+    quantizer: QuantizerSpec
+    downlink: str = Field(
+        default_factory=lambda data: default_downlink(data.get("cut_dim", 1)),
+        min_length=1,
+        max_length=80,
+        description="how this party's gradients travel back (as RunCreate.downlink); "
+        "default: the rule of docs/PROTOCOL.md section 4.2.1 for its cut_dim",
+    )
+
+    @model_validator(mode="after")
+    def _pq_fits_cut_dim(self) -> Self:
+        q = self.quantizer.q
+        if self.quantizer.mode == "pq" and q is not None and self.cut_dim % q:
+            raise ValueError(
+                f"party {self.name}: quantizer.q={q} must divide cut_dim={self.cut_dim}"
+            )
+        return self
+
+
+def _none(value: object) -> bool:
+    return value is None
+
+
 class RunCreate(_Strict):
     """Everything party B needs to train its top model for one run."""
 
@@ -122,8 +157,17 @@ class RunCreate(_Strict):
         default_factory=dict,
         description="top-model kwargs; num_classes/side_features are filled in by party B",
     )
-    cut_dim: int = Field(ge=1, description="d, the width of party A's activations")
-    quantizer: QuantizerSpec
+    cut_dim: int | None = Field(
+        default=None,
+        ge=1,
+        description="d, the width of party A's activations; with parties, the fused width "
+        "the top model reads (filled in)",
+    )
+    quantizer: QuantizerSpec | None = Field(
+        default=None,
+        exclude_if=_none,
+        description="how party A compresses activations (required without parties)",
+    )
     optimizer: OptimizerSpec = Field(description="party B's optimizer for the top model")
     batch_size: int = Field(
         ge=1, description="rows per training step (per client with the 'clients' schedule)"
@@ -149,15 +193,32 @@ class RunCreate(_Strict):
         description="kept for compatibility: 'float16' is downlink 'float16' when downlink is "
         "not given",
     )
-    downlink: str = Field(
-        # a run that names none gets the rule's choice for its cut_dim (validated before it)
-        default_factory=lambda data: default_downlink(data.get("cut_dim", 1)),
+    downlink: str | None = Field(
+        # a run that names none gets the rule's choice for its cut_dim (validated before it);
+        # a run with parties has one per party instead (None here)
+        default_factory=lambda data: default_downlink(data.get("cut_dim") or 1),
         min_length=1,
         max_length=80,
+        exclude_if=_none,
         description="how party B's gradients travel back: float32, float16, bfloat16, int8, "
         "int4, int2, int1, topk:k=<per row>, pq:q=<sub-vectors>,L=<codewords>[,R=<groups>] "
         "(docs/PROTOCOL.md section 4.2.1); default: topk:k=ceil(cut_dim/36) where that is "
         "at least 256, int4 below",
+    )
+    parties: list[FeatureParty] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_PARTIES,
+        exclude_if=_none,
+        description="the run's feature parties, in fusion order, each with its own width, "
+        "quantizer and downlink (docs/PROTOCOL.md section 12); none: one feature party, the "
+        "caller, with cut_dim, quantizer and downlink above",
+    )
+    fusion: Fusion | None = Field(
+        default=None,
+        exclude_if=_none,
+        description="with parties: how party B fuses their activations: concat (default), "
+        "or sum / mean where every cut_dim is the same",
     )
 
     @classmethod
@@ -166,6 +227,8 @@ class RunCreate(_Strict):
         used version 1, and one stored before ``downlink`` existed sends its ``grad_dtype``,
         and each keeps doing so, so that it resumes bit-identically. (Every run stored since
         holds its resolved ``downlink``: a new default never reaches a stored run.)"""
+        if config.get("parties") is not None:  # stored since parties existed: all there
+            return cls.model_validate(config)
         downlink = config.get("grad_dtype", STORED_DOWNLINK)
         return cls.model_validate({"schedule_version": 1, "downlink": downlink, **config})
 
@@ -177,6 +240,10 @@ class RunCreate(_Strict):
         Both given and disagreeing is an error rather than a silent choice."""
         if not isinstance(data, dict):
             return data
+        if data.get("parties") is not None:
+            return _with_parties(data)
+        if data.get("fusion") is not None:
+            raise ValueError("fusion: a run fuses the activations of its parties; give parties")
         grad_dtype = data.get("grad_dtype", "float32")
         downlink = data.get("downlink")
         if downlink is None:
@@ -190,10 +257,63 @@ class RunCreate(_Strict):
 
     @model_validator(mode="after")
     def _pq_fits_cut_dim(self) -> Self:
+        if self.parties is not None:
+            return self  # each party's own, checked in FeatureParty
+        if self.cut_dim is None or self.quantizer is None:
+            raise ValueError("cut_dim and quantizer are required (or parties, each with its own)")
         q = self.quantizer.q
         if self.quantizer.mode == "pq" and q is not None and self.cut_dim % q:
             raise ValueError(f"quantizer.q={q} must divide cut_dim={self.cut_dim}")
         return self
+
+    @model_validator(mode="after")
+    def _parties_fit_together(self) -> Self:
+        """Unique names; sum and mean need one width; cut_dim is the fused width."""
+        if self.parties is None:
+            return self
+        names = [p.name for p in self.parties]
+        if len(set(names)) != len(names):
+            raise ValueError(f"party names must be unique, got {names}")
+        widths = [p.cut_dim for p in self.parties]
+        if self.fusion in ("sum", "mean") and len(set(widths)) != 1:
+            raise ValueError(f"fusion {self.fusion!r} needs one cut_dim for all parties: {widths}")
+        fused = sum(widths) if self.fusion == "concat" else widths[0]
+        if self.cut_dim is not None and self.cut_dim != fused:
+            raise ValueError(
+                f"cut_dim={self.cut_dim} is not the fused width {fused} of the parties "
+                f"({self.fusion}); leave it out"
+            )
+        self.cut_dim = fused
+        return self
+
+    @property
+    def width(self) -> int:
+        """d of the top model's input: party A's cut_dim, or the parties' fused width."""
+        assert self.cut_dim is not None, "validated: set or filled in"
+        return self.cut_dim
+
+    def feature_parties(self) -> list[FeatureParty]:
+        """The run's feature parties; a run without ``parties`` has one, named ``a``."""
+        if self.parties is not None:
+            return list(self.parties)
+        assert self.quantizer is not None and self.downlink is not None
+        return [
+            FeatureParty(
+                name="a", cut_dim=self.width, quantizer=self.quantizer, downlink=self.downlink
+            )
+        ]
+
+
+def _with_parties(data: dict[str, Any]) -> dict[str, Any]:
+    """A run with parties: no run-wide quantizer, downlink or grad_dtype (each party has its
+    own); fusion concat unless given."""
+    given = [k for k in ("quantizer", "downlink") if data.get(k) is not None]
+    if data.get("grad_dtype", "float32") != "float32":
+        given.append("grad_dtype")
+    if given:
+        raise ValueError(f"{', '.join(given)}: give each party its own, in parties, not the run")
+    fusion = data.get("fusion") or "concat"
+    return {**data, "fusion": fusion, "quantizer": None, "downlink": None}
 
 
 class AlignmentInfo(BaseModel):
@@ -219,6 +339,13 @@ class RunOut(BaseModel):
         description="SHA-256 of the top model's parameters at ``step`` (GET /v1/runs/{id} of "
         "an aligned run only): equal checksums mean bit-identical top models",
     )
+
+
+class PartyOut(BaseModel):
+    """What a party token may act for: one feature party of one run (GET /v1/party)."""
+
+    run_id: str
+    party: str
 
 
 class RunList(BaseModel):

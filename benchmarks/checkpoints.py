@@ -89,6 +89,7 @@ def stepped(labels: LabelSource, spec: RunCreate) -> TopTrainer:
     """The run's top model after one optimizer step on random activations."""
     trainer = Admission(labels, Limits()).new_trainer(spec)
     rows = np.arange(spec.batch_size)
+    assert spec.cut_dim is not None  # a run of one feature party
     z = torch.randn(spec.batch_size, spec.cut_dim, generator=torch.Generator().manual_seed(0))
     side = labels.side(rows) if trainer.model.side_features else None
     trainer.train_step(z, labels.targets(rows), side, dropout_seed=0)

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS
+from benchmarks.report_first_contact import first_contact_table
+from benchmarks.report_floor import floor_breakdown_table, floor_locust_table, floor_table
 from benchmarks.report_scale import memory_bounded_table, replicas_table
 from benchmarks.report_wan import staleness_table, wan_table
 
@@ -281,6 +283,105 @@ def traffic_table(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def device_check_tables(doc: dict[str, Any]) -> list[str]:
+    """benchmarks/device_check.py's record: the card, every check, the k-means comparison and
+    steps/s on the device against the CPU."""
+    device, checks = doc["device"], doc["checks"]
+    lines = [
+        f"On **{device['name']}** (torch {device['torch']}, CUDA {device['cuda']}; "
+        f"{doc['machine']['cpus']} CPUs: {doc['machine']['cpu']}), `{doc['command']}`, "
+        f"{doc['when']}, {doc['mode']} mode, {doc['seconds']:.0f} s.",
+        "",
+        "| check | result |",
+        "|---|---|",
+    ]
+    for name, check in checks.items():
+        lines.append(f"| {name} | {'passed' if check.get('ok') else '**failed**'} |")
+    resume = checks.get("femnist_resume", {})
+    if "bit_identical" in resume:
+        same = ", ".join(
+            f"{k} {'same' if v else 'DIFFERENT'}" for k, v in resume["bit_identical"].items()
+        )
+        lines += ["", f"Killed at step {resume['killed_at']}, resumed from step "
+                  f"{resume['resumed_from']}: {same} (against an uninterrupted run)."]  # fmt: skip
+    kmeans = checks.get("kmeans", {}).get("shapes", [])
+    if kmeans:
+        lines += [
+            "",
+            f"k-means, torch on the device against {checks['kmeans']['cpu_backend']} on the CPU "
+            "(FEMNIST activations, chunks of 20 images):",
+            "",
+            "| q | R | L | codewords equal (min / mean) | codebook max abs diff | relative error "
+            "CPU / device | run to run | ms per chunk CPU / device |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in kmeans:
+            lines.append(
+                f"| {r['q']} | {r['R']} | {r['L']} | {r['codeword_agreement_min']:.4f} / "
+                f"{r['codeword_agreement_mean']:.4f} | {r['codebook_max_abs_diff']:.2e} | "
+                f"{r['relative_error_cpu']:.4f} / {r['relative_error_device']:.4f} | "
+                f"{'identical' if r['device_run_to_run_identical'] else 'DIFFERENT'} | "
+                f"{r['cpu_ms_per_chunk']:.2f} / {r['device_ms_per_chunk']:.2f} |"
+            )
+    rows = checks.get("speed", {}).get("rows", [])
+    if rows:
+        lines += [
+            "",
+            "| task | method | device steps/s | CPU steps/s | device / CPU |",
+            "|---|---|---|---|---|",
+        ]
+        rows = [r for r in rows if "steps_per_second" in r]  # a failed row says why in the JSON
+        cpu = {(r["task"], r["method"]): r for r in rows if r["side"] == "cpu"}
+        for r in (r for r in rows if r["side"] == "device"):
+            base = cpu.get((r["task"], r["method"]))
+            versus = (
+                f"{base['steps_per_second']:.2f} ({base['torch_threads']} threads) | "
+                f"{r['steps_per_second'] / base['steps_per_second']:.1f}x"
+                if base
+                else "- | -"
+            )
+            lines.append(
+                f"| {r['task']} | {r['method']} | {r['steps_per_second']:.1f} | {versus} |"
+            )
+    if doc.get("warnings"):
+        lines += ["", "Warnings: " + "; ".join(f"`{w}`" for w in doc["warnings"])]
+    return lines
+
+
+def parties_table(doc: dict[str, Any]) -> list[str]:
+    """benchmarks/results/parties.json: N = 1 and N = 2 feature parties, FedLite and
+    SplitFed, per task: the held-out metric over the seeds and each party's bytes a step."""
+    target = doc["target"]
+    gap = target["gap"]
+    verdict = "**met**" if target["met"] else "**not met**"
+    lines = [
+        f"*{_load_note(doc)}; `{doc['command']}`; value: the mean over the seeds "
+        "(± sample standard deviation); gap: N = 2's mean minus N = 1's, the same method; bytes "
+        "are len() of the step messages (HTTP bodies) per step, each party's and the total*",
+        "",
+    ]
+    if gap is not None:
+        lines += [f"- {target['what']}: gap {gap:+.4f}: {verdict}.", ""]
+    lines += [
+        "| task | parties | method | seeds | metric | value | gap to N = 1 | up B/step per party "
+        "| down B/step per party | up B/step total | down B/step total |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in doc["summary"]:
+        metric = next(r["metric"] for r in doc["records"] if r["task"] == row["task"])
+        spread = f" ± {row['std']:.4f}" if row["std"] is not None else ""
+        gap_text = "–" if row["parties"] == 1 else f"{row['gap_to_one_party']:+.4f}"
+        per = row["bytes_per_step"]
+        ups = " / ".join(f"{name} {b['up_per_step']:,.0f}" for name, b in per.items())
+        downs = " / ".join(f"{name} {b['down_per_step']:,.0f}" for name, b in per.items())
+        lines.append(
+            f"| {row['task']} | {row['parties']} | {row['method']} | {row['seeds']} | {metric} "
+            f"| {row['mean']:.4f}{spread} | {gap_text} | {ups} | {downs} "
+            f"| {row['up_per_step']:,.0f} | {row['down_per_step']:,.0f} |"
+        )
+    return lines
+
+
 def _mean(runs: list[dict[str, Any]], key: str) -> float:
     return float(sum(r[key] for r in runs) / len(runs))
 
@@ -288,6 +389,13 @@ def _mean(runs: list[dict[str, Any]], key: str) -> float:
 def render() -> str:
     out: list[str] = []
     sections = [
+        ("The per-step floor (issue 27)", "floor", floor_table),
+        ("Where a step's time goes (issue 27)", "floor", floor_breakdown_table),
+        (
+            "Small steps under locust, before and after (issue 27)",
+            "floor-locust",
+            floor_locust_table,
+        ),
         ("Quantizer, all libraries on one thread", "quantizer-1thread", quantizer_table),
         ("Quantizer, default threads", "quantizer", quantizer_table),
         ("Codec", "codec", codec_table),
@@ -305,6 +413,13 @@ def render() -> str:
         ("Traffic both ways, and accuracy, per representation", "traffic", traffic_table),
         ("Across a WAN (namespaces, tbf, latency proxy)", "wan", wan_table),
         ("Accuracy against pipeline depth K", "staleness", staleness_table),
+        ("On a GPU (benchmarks/device_check.py)", "device_check", device_check_tables),
+        (
+            "First contact: start-up, alignment bytes, the first lines",
+            "first_contact",
+            first_contact_table,
+        ),
+        ("Several feature parties against one holding every feature", "parties", parties_table),
     ]
     one, default = _load("quantizer-1thread"), _load("quantizer")
     if one is not None:

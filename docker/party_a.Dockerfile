@@ -36,6 +36,8 @@ RUN useradd --system --uid 10001 --user-group --no-create-home fedlite \
     && mkdir -p /data /state \
     && chown fedlite:fedlite /data /state
 COPY --from=build /opt/venv /opt/venv
+# serving from the exports without either service (docs/DEPLOY.md section 6)
+COPY examples/serve_export.py /opt/fedlite/serve_export.py
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1
 USER 10001:10001

@@ -35,15 +35,17 @@ RUN useradd --system --uid 10001 --user-group --no-create-home fedlite \
     && mkdir -p /data /state /certs \
     && chown fedlite:fedlite /state /certs
 COPY --from=build /opt/venv /opt/venv
+# serving from the exports without either service (docs/DEPLOY.md section 6)
+COPY examples/serve_export.py /opt/fedlite/serve_export.py
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     FEDLITE_B_HOST=0.0.0.0 \
-    FEDLITE_B_PORT=8000 \
+    FEDLITE_B_PORT=8443 \
     FEDLITE_B_DATA_DIR=/state
 USER 10001:10001
 WORKDIR /state
 VOLUME ["/state"]
-EXPOSE 8000
+EXPOSE 8443
 HEALTHCHECK --interval=30s --timeout=10s --start-period=120s --retries=3 \
     CMD ["fedlite-b", "health"]
 ENTRYPOINT ["fedlite-b"]

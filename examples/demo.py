@@ -27,6 +27,10 @@ from typing import Any
 
 BIN = Path(sys.executable).parent
 HERE = Path(__file__).resolve().parent
+# Public demo data: label privacy off, so that the evaluation printed is on the true labels
+# and predict scores any id. Party B's default is label differential privacy, under which
+# party A's evaluations are on the run's randomized labels (docs/PRIVACY.md).
+DEMO_PRIVACY = "off,predict_train_ids=true"
 
 
 def free_port() -> int:
@@ -93,12 +97,13 @@ def main() -> int:
     log = open(b_dir / "party_b.log", "wb")  # noqa: SIM115 - the child writes to it
     party_b = subprocess.Popen(
         [str(BIN / "fedlite-b"), "serve", "--port", str(port), "--data-dir", str(b_dir),
-         "--labels", labels, "--log-level", "warning"],
+         "--labels", labels, "--log-level", "warning", "--privacy", DEMO_PRIVACY],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         wait_healthy(url, party_b)
-        print(f"party B is serving on {url} (SQLite: {b_dir / 'party_b.sqlite'})\n")
+        print(f"party B is serving on {url} (SQLite: {b_dir / 'party_b.sqlite'})")
+        print(f"label privacy: {DEMO_PRIVACY} (a demo on public data; the default is label DP)\n")
         party_a_env = {**os.environ, "FEDLITE_A_TOKEN": token}  # not on the command line
         session = [
             *("--server", url, "--features", features),

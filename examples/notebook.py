@@ -26,7 +26,11 @@ def main() -> None:
     features = write_party_a_demo(args.dir / "features.csv")
     labels = write_party_b_demo(args.dir / "labels.csv")
 
-    with serve_in_thread(labels=labels, data_dir=args.dir / "party_b") as party_b:
+    # public demo data: label privacy off, so that the evaluation is on the true labels and
+    # predict scores any id (party B's default is label DP: docs/PRIVACY.md)
+    with serve_in_thread(
+        labels=labels, data_dir=args.dir / "party_b", privacy="off,predict_train_ids=true"
+    ) as party_b:
         # --- party A, in a notebook cell ---
         with connect(
             party_b.url,

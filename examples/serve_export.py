@@ -11,7 +11,9 @@ they exchange one file, exactly what ``predict`` sends over HTTP.
 
 The activations file holds HMAC(run key, id) for each row (never a raw id), the frozen
 codebook and the codewords (or raw z in a SplitFed run, or with --raw). Needs torch, numpy
-and the shared package of fedlite-vfl; nothing of either party's service.
+and the shared package of fedlite-vfl; nothing of either party's service. Both images carry
+it as /opt/fedlite/serve_export.py. A mistake (a missing file or column, a wrong export) is
+one line on stderr and exit code 2.
 """
 
 import argparse
@@ -29,8 +31,9 @@ from shared.pq.frozen import codebook_from_bytes, load_program, quantizer_of, re
 
 def party_a(args: argparse.Namespace) -> None:
     manifest = read_manifest(args.export, "A")
-    table = read_id_table(args.features, id_column=args.id_column)
     transform = manifest["transform"]
+    # the header first: a wrong --id-column or a missing column is told before any row loads
+    table = read_id_table(args.features, id_column=args.id_column, columns=transform["columns"])
     x = table.matrix(transform["columns"])  # float32, the arithmetic of the transform
     if transform["mean"] is not None:
         mean, scale = (np.asarray(transform[k], dtype=np.float32) for k in ("mean", "scale"))
@@ -65,13 +68,13 @@ def party_b(args: argparse.Namespace) -> None:
     side = manifest["side"]
     if side is not None:
         if args.table is None:
-            sys.exit("this model reads party B's feature columns: give --table")
-        table = read_id_table(args.table, id_column=side["id_column"])
+            raise ValueError("this model reads party B's feature columns: give --table")
+        table = read_id_table(args.table, id_column=side["id_column"], columns=side["columns"])
         hashed = hmac_ids(bytes.fromhex(manifest["alignment_key"]), table.ids)
         row_of = {k: row for row, k in enumerate(hashed)}
         missing = sum(k not in row_of for k in keys)
         if missing:
-            sys.exit(f"{missing} ids are not in {args.table}")
+            raise ValueError(f"{missing} ids are not in {args.table}")
         x = table.matrix(side["columns"])[[row_of[k] for k in keys]]
         x = (x - np.asarray(side["mean"], np.float32)) / np.asarray(side["scale"], np.float32)
         inputs.append(torch.from_numpy(x.astype(np.float32)))
@@ -85,7 +88,7 @@ def party_b(args: argparse.Namespace) -> None:
     print(f"{len(keys)} scores -> {args.out}", file=sys.stderr)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="party", required=True)
     a = sub.add_parser("party-a", help="features -> activations file")
@@ -102,8 +105,14 @@ def main() -> None:
     b.add_argument("--out", type=Path, required=True)
     b.set_defaults(func=party_b)
     args = parser.parse_args()
-    args.func(args)
+    try:
+        args.func(args)
+    except (ValueError, OSError, KeyError) as exc:  # TableError is a ValueError
+        detail = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        print(f"serve_export.py {args.party}: {detail}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

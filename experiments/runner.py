@@ -17,9 +17,9 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,12 @@ from party_a.store import LocalStore
 from party_a.trainer import PartyATrainer, TrainSummary
 from party_a.transport import Transport
 from party_a.transport.http import HttpTransport
+from party_b.device import use_device
 from party_b.inprocess import InProcessTransport, in_process_party_b
 from party_b.ops.launch import child_process, free_port, wait_until_healthy
 from party_b.settings import Limits
 from shared.accounting import PAPER_PHI, paper_message_bits, pq_step_request_bytes
+from shared.devices import describe, resolve_device
 from shared.models import build_bottom, cut_dim
 
 __all__ = ["RunConfig", "run_split", "bottom_parameters", "paper_uplink_bits"]
@@ -84,6 +86,9 @@ class RunConfig:
     codebook_dtype: str = "float32"  # uplink codebooks on the wire ("float16" halves them)
     codewords: str = "packed"  # uplink codewords: "packed", or "ans" (rANS where smaller)
     pipeline_depth: int = 1  # party A's steps in flight (party_a.loop)
+    # where both parties compute ("cpu", "cuda", "auto"): how the run is executed, not what it
+    # is, so it is not in the key (the record says which device ran it, "device")
+    device: str = "cpu"
 
     @property
     def key(self) -> str:
@@ -125,6 +130,7 @@ class RunConfig:
             "run.eval_fraction": self.eval_fraction,
             "run.use_side_features": self.use_side_features,
             "run.pipeline_depth": self.pipeline_depth,
+            "run.device": self.device,
             "model.bottom": task.bottom,
             "model.top": task.top,
             "optimizer.bottom": {**optimizer, "lr": self.lr_bottom},
@@ -209,7 +215,11 @@ def http_party_b(config: RunConfig, workdir: Path) -> Iterator[str]:
         "--tokens", f"experiments:{HTTP_TOKEN}",
         "--torch-threads", "1",
         "--worker-threads", "1",
+        "--device", config.device,
         "--log-level", "warning",
+        # the experiments measure the protocol undefended, as the in-process party B runs it
+        # (docs/PRIVACY.md measures the privacy policies)
+        "--privacy", "off",
     ]  # fmt: skip
     log_path = workdir / "party_b.log"
     url = f"http://127.0.0.1:{port}"
@@ -221,6 +231,7 @@ def http_party_b(config: RunConfig, workdir: Path) -> Iterator[str]:
 @contextmanager
 def _transport(config: RunConfig, task: TaskData, workdir: Path) -> Iterator[tuple[Transport, str]]:
     if config.transport == "inprocess":
+        use_device(config.device)  # party B's device is its process's: here, this one
         service, caller = in_process_party_b(
             task.labels, workdir / "party_b.sqlite", limits=EXPERIMENT_LIMITS
         )
@@ -238,12 +249,26 @@ def _transport(config: RunConfig, task: TaskData, workdir: Path) -> Iterator[tup
 
 
 def run_split(
-    config: RunConfig, workdir: Path | None = None, artifacts: Path | None = None
+    config: RunConfig,
+    workdir: Path | None = None,
+    artifacts: Path | None = None,
+    progress: Path | None = None,
+    deadline: float | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Train one FedLite / SplitFed run end to end; returns the record (config + results).
 
     With ``config.save_bottom``, party A's trained bottom model is saved to
-    ``artifacts/<key>.bottom.pt`` (a plain state dict).
+    ``artifacts/<key>.bottom.pt`` (a plain state dict). With ``progress``, the record as it
+    stands (``"partial": true``, the curve so far) is written there, atomically, after every
+    evaluation: what a run cut short leaves of itself. ``on_step(step)`` is called after every
+    step (timing, fault injection).
+
+    ``deadline`` (``time.time()`` seconds): the run ends at the last evaluation from which
+    another evaluation interval would pass it, and its record is the record of a run of that
+    many steps (key and config say so, ``cut_from`` names the configured run): nothing in a
+    run depends on its length (tests/test_experiments.py), so its first S steps are a run of
+    S steps.
 
     ``curve`` holds one row per evaluation: step, the held-out metrics (party B computes
     them), cumulative uplink bits in the paper's accounting and measured request bytes.
@@ -253,13 +278,8 @@ def run_split(
     workdir = Path(tempfile.mkdtemp(prefix="fedlite-exp-")) if workdir is None else workdir
     workdir.mkdir(parents=True, exist_ok=True)
     party_a = load_config(None, config.party_a_config(task))
-    d = cut_dim(task.model, **task.bottom)
-    w_c = bottom_parameters(task)
+    run = _Recorder(config, task)
     per_sample = int(task.labels.targets(np.arange(1)).shape[0])  # T rows per sequence
-    curve: list[dict[str, Any]] = []
-    totals = {"message": 0.0, "raw": 0.0, "sync": 0.0, "wire": 0, "steps": 0, "rows": 0}
-    losses: list[float] = []
-    started = time.perf_counter()
     try:
         with _transport(config, task, workdir) as (transport, server):
             trainer = PartyATrainer(
@@ -270,81 +290,143 @@ def run_split(
                 server=server,
             )
 
-            def evaluate(step: int, summary: TrainSummary) -> None:
-                answer = trainer.evaluate()
-                raw: dict[str, Any] = {}
-                if config.eval_raw:  # the same model, its activations sent unquantized
-                    unquantized = trainer.evaluate(raw=True)
-                    raw = {
-                        "eval_raw_loss": unquantized.loss,
-                        **{f"eval_raw_{k}": v for k, v in unquantized.metrics.items()},
-                    }
-                curve.append(
-                    {
-                        "step": step,
-                        "train_loss": float(np.mean(losses)) if losses else None,
-                        "eval_loss": answer.loss,
-                        "eval_n": answer.n,
-                        **{f"eval_{k}": v for k, v in answer.metrics.items()},
-                        **raw,
-                        "paper_message_bits": totals["message"],
-                        "paper_raw_bits": totals["raw"],
-                        "paper_sync_bits": totals["sync"],
-                        "wire_bytes": summary.bytes_sent,
-                        "wire_raw_bytes": summary.raw_bytes,
-                        "seconds": time.perf_counter() - started,
-                    }
-                )
-                losses.clear()
-
-            def on_step(result: StepResult, summary: TrainSummary) -> None:
+            def after_step(result: StepResult, summary: TrainSummary) -> None:
+                if on_step is not None:  # before any evaluation: step timings leave it out
+                    on_step(result.step)
                 sizes = tuple(per_sample * b for b in trainer.batch(result.step).chunk_sizes)
-                message, raw, sync = paper_uplink_bits(config, d, sizes, w_c)
-                totals["message"] += message
-                totals["raw"] += raw
-                totals["sync"] += sync
-                totals["steps"] += 1
-                totals["rows"] += sum(sizes)
-                losses.append(result.loss)
+                run.count(result, sizes)
                 if result.step % config.eval_every == 0 or result.step == config.steps:
-                    evaluate(result.step, summary)
+                    run.evaluate(trainer, result.step, summary)
+                    if progress is not None:
+                        _write_atomically(progress, {**run.record(summary), "partial": True})
+                    if deadline is not None and run.out_of_time(deadline, config.steps):
+                        raise _Deadline(summary)
 
-            trainer.on_step = on_step
+            trainer.on_step = after_step
             try:
                 trainer.prepare()
-                summary = trainer.train()
-                trainer.finish()
+                try:
+                    summary = trainer.train()
+                    trainer.finish()
+                except _Deadline as cut:
+                    return run.cut(cut.summary)
                 if config.save_bottom and artifacts is not None:
-                    torch.save(
-                        trainer.bottom.model.state_dict(), artifacts / f"{config.key}.bottom.pt"
-                    )
+                    state = trainer.bottom.model.state_dict()
+                    if trainer.bottom.device.type != "cpu":  # readable without a GPU
+                        state = type(state)((k, v.cpu()) for k, v in state.items())
+                    torch.save(state, artifacts / f"{config.key}.bottom.pt")
             finally:
                 trainer.close()
     finally:
         if own_dir:
             shutil.rmtree(workdir, ignore_errors=True)
-    final = curve[-1]
-    record: dict[str, Any] = {
-        "key": config.key,
-        "config": asdict(config),
-        "lambda_units": "paper",  # shared.correction: per client batch-mean
-        "task_notes": task.notes,
-        "cut_dim": d,
-        "client_model_params": w_c,
-        "final": {k: v for k, v in final.items() if k.startswith("eval_")},
-        "curve": curve,
-        "steps": summary.last_step,
-        "rows_per_step": totals["rows"] / max(totals["steps"], 1),
-        "paper_ratio": totals["raw"] / totals["message"] if totals["message"] else 1.0,
-        "wire_ratio": summary.compression,
-        "wire_bytes": summary.bytes_sent,
-        "wire_raw_bytes": summary.raw_bytes,
-        "wire_bytes_received": summary.bytes_received,
-        "seconds": time.perf_counter() - started,
-    }
-    if config.method == "fedlite" and config.clients_per_step is None:
-        assert config.q is not None and config.L is not None
-        record["wire_step_bytes"] = pq_step_request_bytes(
-            d=d, batch=config.batch_size, q=config.q, L=config.L, R=config.R
+    return run.record(summary)
+
+
+class _Deadline(Exception):  # noqa: N818 - control flow, not an error
+    """Raised from the step hook when the run's deadline is too close for another interval."""
+
+    def __init__(self, summary: TrainSummary) -> None:
+        super().__init__("deadline")
+        self.summary = summary
+
+
+class _Recorder:
+    """What a run records as it goes: bit counts per step, one curve row per evaluation."""
+
+    def __init__(self, config: RunConfig, task: TaskData) -> None:
+        self.config = config
+        self.task = task
+        self.d = cut_dim(task.model, **task.bottom)
+        self.w_c = bottom_parameters(task)
+        self.curve: list[dict[str, Any]] = []
+        self.totals = {"message": 0.0, "raw": 0.0, "sync": 0.0, "steps": 0, "rows": 0}
+        self.losses: list[float] = []
+        self.device = describe(resolve_device(config.device))
+        self.started = time.perf_counter()
+
+    def count(self, result: StepResult, sizes: tuple[int, ...]) -> None:
+        """Step ``result``'s uplink in the paper's accounting; ``sizes``: its chunks' rows."""
+        message, raw, sync = paper_uplink_bits(self.config, self.d, sizes, self.w_c)
+        self.totals["message"] += message
+        self.totals["raw"] += raw
+        self.totals["sync"] += sync
+        self.totals["steps"] += 1
+        self.totals["rows"] += sum(sizes)
+        self.losses.append(result.loss)
+
+    def evaluate(self, trainer: PartyATrainer, step: int, summary: TrainSummary) -> None:
+        answer = trainer.evaluate()
+        raw: dict[str, Any] = {}
+        if self.config.eval_raw:  # the same model, its activations sent unquantized
+            unquantized = trainer.evaluate(raw=True)
+            raw = {
+                "eval_raw_loss": unquantized.loss,
+                **{f"eval_raw_{k}": v for k, v in unquantized.metrics.items()},
+            }
+        self.curve.append(
+            {
+                "step": step,
+                "train_loss": float(np.mean(self.losses)) if self.losses else None,
+                "eval_loss": answer.loss,
+                "eval_n": answer.n,
+                **{f"eval_{k}": v for k, v in answer.metrics.items()},
+                **raw,
+                "paper_message_bits": self.totals["message"],
+                "paper_raw_bits": self.totals["raw"],
+                "paper_sync_bits": self.totals["sync"],
+                "wire_bytes": summary.bytes_sent,
+                "wire_raw_bytes": summary.raw_bytes,
+                "seconds": time.perf_counter() - self.started,
+            }
         )
-    return record
+        self.losses.clear()
+
+    def out_of_time(self, deadline: float, steps: int) -> bool:
+        """Whether another evaluation interval (as long as the last one) would pass
+        ``deadline``, with steps still to go."""
+        if self.curve[-1]["step"] >= steps:
+            return False
+        before = self.curve[-2]["seconds"] if len(self.curve) > 1 else 0.0
+        return time.time() + float(self.curve[-1]["seconds"] - before) >= deadline
+
+    def cut(self, summary: TrainSummary) -> dict[str, Any]:
+        """The record of this run cut at its last evaluation: a run of that many steps."""
+        nominal = self.config
+        self.config = replace(nominal, steps=self.curve[-1]["step"])
+        return {**self.record(summary), "cut_from": nominal.key, "nominal_steps": nominal.steps}
+
+    def record(self, summary: TrainSummary) -> dict[str, Any]:
+        """The run's record: its config, curve, final metrics and traffic, as of now."""
+        config, totals = self.config, self.totals
+        record: dict[str, Any] = {
+            "key": config.key,
+            "config": asdict(config),
+            "lambda_units": "paper",  # shared.correction: per client batch-mean
+            "task_notes": self.task.notes,
+            "cut_dim": self.d,
+            "client_model_params": self.w_c,
+            "final": {k: v for k, v in self.curve[-1].items() if k.startswith("eval_")},
+            "curve": self.curve,
+            "steps": summary.last_step,
+            "rows_per_step": totals["rows"] / max(totals["steps"], 1),
+            "paper_ratio": totals["raw"] / totals["message"] if totals["message"] else 1.0,
+            "wire_ratio": summary.compression,
+            "wire_bytes": summary.bytes_sent,
+            "wire_raw_bytes": summary.raw_bytes,
+            "wire_bytes_received": summary.bytes_received,
+            "seconds": time.perf_counter() - self.started,
+            "device": self.device,
+        }
+        if config.method == "fedlite" and config.clients_per_step is None:
+            assert config.q is not None and config.L is not None
+            record["wire_step_bytes"] = pq_step_request_bytes(
+                d=self.d, batch=config.batch_size, q=config.q, L=config.L, R=config.R
+            )
+        return record
+
+
+def _write_atomically(path: Path, record: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=float))
+    tmp.replace(path)

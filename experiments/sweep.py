@@ -3,14 +3,19 @@
     python -m experiments.sweep femnist --jobs 2            # the sweep behind the FEMNIST figures
     python -m experiments.sweep femnist --smoke --out /tmp/x # a few steps of every kind of run
     python -m experiments.sweep femnist --http               # its HTTP spot check
+    python -m experiments.sweep femnist --ray                # each run a Ray task (local Ray)
+    python -m experiments.sweep femnist --ray-address auto   # ... on a running Ray cluster
     python -m experiments.sweep --list
 
 Every run writes ``<out>/<sweep>/<key>.json`` (config, seeds, curve, final metrics, bits)
 when it ends; a run whose file exists is skipped, so an interrupted sweep resumes by running
-the same command again. A run in progress holds ``<key>.lock`` (its pid), so several sweep
-commands on one machine share the work instead of repeating it. ``<out>/<sweep>/summary.csv``
-is rewritten from all records at the end. Worker processes use one torch thread each
-(``--jobs`` processes in parallel).
+the same command again. ``<out>/<sweep>/summary.csv`` is rewritten from all records at the
+end. Jobs run one torch thread each, ``--jobs`` at a time, in one of two ways:
+
+* a pool of worker processes (the default): a run in progress holds ``<key>.lock`` (its
+  pid), so several sweep commands on one machine share the work instead of repeating it;
+* Ray tasks (``--ray``, ``experiments.ray_sweep``): on a local Ray instance, or on a cluster
+  with ``--ray-address``; Ray schedules, the driver writes every record, no lock files.
 """
 
 from __future__ import annotations
@@ -26,23 +31,15 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from experiments.baselines import FedAvgConfig, PartyBOnlyConfig, run_fedavg, run_party_b_only
-from experiments.runner import RunConfig, run_split
-from experiments.sweeps import SWEEPS, Job
+from experiments.sweeps import SWEEPS, Job, run_job
 
-__all__ = ["main", "run_job", "run_sweep"]
+__all__ = ["main", "run_sweep"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def run_job(job: Job, artifacts: Path | None = None) -> dict[str, Any]:
-    if isinstance(job, RunConfig):
-        return run_split(job, artifacts=artifacts)
-    if isinstance(job, FedAvgConfig):
-        return run_fedavg(job)
-    if isinstance(job, PartyBOnlyConfig):
-        return run_party_b_only(job)
-    raise TypeError(f"unknown job {job!r}")
+SMOKE_RESULTS = RESULTS / "smoke"  # git-ignored: smoke records never mix with the real ones
+# A run in progress (or cut short) keeps its record so far as <key>.partial.json: not a record
+# (load_records skips it), the curve of a run that did not finish
+PARTIAL = ".partial.json"
 
 
 def _init_worker() -> None:
@@ -96,17 +93,24 @@ def _run_and_save(args: tuple[Job, str]) -> tuple[str, float, str | None]:
     if path.exists() or not _claim(lock):
         return job.key, 0.0, "skipped"
     started = time.perf_counter()
+    partial = path.with_suffix(PARTIAL)
     try:
         try:
-            record = run_job(job, Path(directory))
+            record = run_job(job, Path(directory), progress=partial)
         except Exception:
             return job.key, time.perf_counter() - started, traceback.format_exc()
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(record, indent=1, default=float))
-        tmp.replace(path)  # atomic: a killed sweep never leaves a half-written record
+        save_record(path, record)
+        partial.unlink(missing_ok=True)
     finally:
         lock.unlink(missing_ok=True)
     return job.key, time.perf_counter() - started, None
+
+
+def save_record(path: Path, record: dict[str, Any]) -> None:
+    """Write a run's record atomically: a killed sweep never leaves a half-written one."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=float))
+    tmp.replace(path)
 
 
 def run_sweep(
@@ -118,10 +122,13 @@ def run_sweep(
     http: bool = False,
     shard: tuple[int, int] = (0, 1),
     match: str | None = None,
+    ray: bool = False,
+    ray_address: str | None = None,
 ) -> list[str]:
     """Run every missing record of sweep ``name`` (of shard i of n: the runs whose index is
     i mod n, so that separate commands can share a sweep; only keys containing ``match`` when
-    given); returns the keys that failed."""
+    given); returns the keys that failed. ``ray``: as Ray tasks, on a local instance of
+    ``jobs`` CPUs or on the cluster at ``ray_address`` (which implies ``ray``)."""
     sweep = SWEEPS[name]
     todo = sweep.http_check(smoke=smoke) if http else sweep.jobs(smoke=smoke)
     todo = todo[shard[0] :: shard[1]]
@@ -137,7 +144,13 @@ def run_sweep(
     failed = []
     started = time.perf_counter()
     work = [(job, str(directory)) for job in missing]
-    if jobs <= 1 or len(work) <= 1:
+    if (ray or ray_address is not None) and missing:
+        from experiments.ray_sweep import run_on_ray
+
+        failed += run_on_ray(
+            missing, directory, address=ray_address, cpus=jobs, save=save_record, report=_report
+        )
+    elif jobs <= 1 or len(work) <= 1:
         _init_worker()
         results = map(_run_and_save, work)
         for key, seconds, error in results:
@@ -190,8 +203,11 @@ def _report(key: str, seconds: float, error: str | None) -> list[str]:
     return [key]
 
 
-def load_records(directory: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
+def load_records(directory: Path, *, partial: bool = False) -> list[dict[str, Any]]:
+    """The records of a sweep directory; with ``partial``, those of the runs that did not
+    finish (``<key>.partial.json``) instead."""
+    paths = sorted(directory.glob("*.json"))
+    return [json.loads(p.read_text()) for p in paths if p.name.endswith(PARTIAL) == partial]
 
 
 def write_summary(directory: Path) -> Path:
@@ -221,8 +237,15 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m experiments.sweep", description=__doc__.split("\n")[0]
     )
     parser.add_argument("sweep", nargs="?", choices=sorted(SWEEPS))
-    parser.add_argument("--jobs", type=int, default=2, help="parallel worker processes")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="results root")
+    parser.add_argument(
+        "--jobs", type=int, default=2, help="runs at a time (worker processes, or local Ray CPUs)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help=f"results root (default {RESULTS}; with --smoke {SMOKE_RESULTS}, never the "
+        "committed results)",
+    )
     parser.add_argument("--smoke", action="store_true", help="a few steps of each kind of run")
     parser.add_argument(
         "--http", action="store_true", help="the sweep's HTTP spot check (with --smoke: tiny)"
@@ -230,15 +253,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list sweeps and their runs")
     parser.add_argument("--shard", default="0/1", help="i/n: only runs i, i+n, i+2n, ...")
     parser.add_argument("--match", help="only the runs whose key contains this text")
+    parser.add_argument(
+        "--ray", action="store_true", help="run each job as a Ray task (a local Ray instance)"
+    )
+    parser.add_argument(
+        "--ray-address", help="a running Ray cluster, e.g. auto or ray://head:10001 (implies --ray)"
+    )
     args = parser.parse_args(argv)
     if args.list or args.sweep is None:
         for name, sweep in SWEEPS.items():
             print(f"{name}: {len(sweep.jobs(smoke=False))} runs; {sweep.description}")
         return 0
     i, n = (int(v) for v in args.shard.split("/"))
+    out = args.out or (SMOKE_RESULTS if args.smoke else RESULTS)
     failed = run_sweep(
-        args.sweep, out=args.out, jobs=args.jobs, smoke=args.smoke, http=args.http, shard=(i, n),
-        match=args.match,
+        args.sweep, out=out, jobs=args.jobs, smoke=args.smoke, http=args.http, shard=(i, n),
+        match=args.match, ray=args.ray, ray_address=args.ray_address,
     )  # fmt: skip
     return 1 if failed else 0
 

@@ -11,13 +11,29 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
-from experiments.baselines import FedAvgConfig, PartyBOnlyConfig
-from experiments.runner import RunConfig
+from experiments.baselines import FedAvgConfig, PartyBOnlyConfig, run_fedavg, run_party_b_only
+from experiments.runner import RunConfig, run_split
 
 __all__ = ["Job", "SWEEPS", "Sweep"]
 
 Job = RunConfig | FedAvgConfig | PartyBOnlyConfig
+
+
+def run_job(
+    job: Job, artifacts: Path | None = None, progress: Path | None = None
+) -> dict[str, Any]:
+    """Run one job of any kind; its record (``artifacts``: where a run may save files; a
+    split run writes its record so far to ``progress`` at each evaluation)."""
+    if isinstance(job, RunConfig):
+        return run_split(job, artifacts=artifacts, progress=progress)
+    if isinstance(job, FedAvgConfig):
+        return run_fedavg(job)
+    if isinstance(job, PartyBOnlyConfig):
+        return run_party_b_only(job)
+    raise TypeError(f"unknown job {job!r}")
 
 
 @dataclass(frozen=True)
@@ -373,6 +389,100 @@ def vertical_smoke() -> list[Job]:
     ]
 
 
+# ---------------------------------------------------------------------------------------------
+# At the paper's length, on a GPU (experiments.gpu_batch): the runs the CPU sweeps cut short
+# ---------------------------------------------------------------------------------------------
+
+# Each run is configured this long and cut at the GPU batch's deadline (runner.run_split's
+# ``deadline``): its record is then the record of the steps it reached, at an evaluation.
+# On a CPU these sweeps run to the end (days: FEMNIST ~0.5 s a step on two cores).
+LONG_STEPS = 20_000
+LONG_EVAL_EVERY = 100
+# SplitFed has plateaued at step t when the mean of its last PLATEAU_EVALS held-out
+# evaluations (seed means) is less than PLATEAU_GAIN (relative) above the same mean
+# PLATEAU_WINDOW steps earlier (experiments.headline.plateau_step): one held-out accuracy on
+# FEMNIST's 1,639 images has a standard error of ~1.1 % (relative), so single evaluations
+# are averaged before they are compared.
+PLATEAU_EVALS = 5
+PLATEAU_WINDOW = 1000
+PLATEAU_GAIN = 0.005
+
+
+def _long(base: RunConfig) -> RunConfig:
+    return replace(
+        base, steps=LONG_STEPS, eval_every=LONG_EVAL_EVERY, save_bottom=False, device="cuda"
+    )
+
+
+def femnist_long() -> list[Job]:
+    """The headline pair (SplitFed; q = 1152, L = 2, R = 1 at the grid's best lambda) at our
+    learning rate (10^-1) and the paper's (10^-1.5), three seeds, seed-major so that a batch
+    cut short still has whole seeds of both rates."""
+    runs: list[Job] = []
+    for seed in (0, 1, 2):
+        for lr in (FEMNIST.lr_bottom, PAPER_LR):
+            split = replace(_long(FEMNIST), seed=seed, lr_bottom=lr, lr_top=lr)
+            runs += [split, replace(split, method="fedlite", q=1152, L=2, lam=HEADLINE_LAMBDA)]
+    return runs
+
+
+def so_tag_long() -> list[Job]:
+    """SO tags: SplitFed to its plateau, and the paper's 247x point (q = 125, L = 10; lambda =
+    0, the best of the 240-step grid there) beside it."""
+    split = _long(SO_TAG)
+    return [split, replace(split, method="fedlite", q=125, L=10, lam=0.0)]
+
+
+def so_tag_long_paper_rate() -> list[Job]:
+    """SO tags' SplitFed at the paper's rate (FedJAX's AdaGrad, 10^-0.5), at length: the side
+    check of the 240-step grid, last in the GPU batch."""
+    return [_paper_rate(_long(SO_TAG))]
+
+
+def _paper_rate(job: RunConfig) -> RunConfig:
+    return replace(job, lr_bottom=SO_PAPER_LR, lr_top=SO_PAPER_LR, optimizer_options=FEDJAX_ADAGRAD)
+
+
+def shakespeare_long() -> list[Job]:
+    """Next token: SplitFed and our point nearest the paper's 51x (q = 12, L = 30, 55x; lambda
+    = 1e-3, the better of the 300-step grid there), longer."""
+    split = _long(SHAKESPEARE)
+    return [split, replace(split, method="fedlite", q=12, L=30, lam=1e-3)]
+
+
+# The long sweeps' smoke runs are short (a sweep runs them to the end; the GPU batch's smoke
+# cuts them at its deadline when that comes first), on the GPU where there is one.
+def femnist_long_smoke() -> list[Job]:
+    return _long_smoke(femnist_smoke()[:2])
+
+
+def so_tag_long_smoke() -> list[Job]:
+    return _long_smoke(so_tag_smoke())
+
+
+def shakespeare_long_smoke() -> list[Job]:
+    return _long_smoke(shakespeare_smoke())
+
+
+def so_tag_long_paper_rate_smoke() -> list[Job]:
+    return [
+        _paper_rate(job) for job in _long_smoke(so_tag_smoke()[:1]) if isinstance(job, RunConfig)
+    ]
+
+
+def _long_smoke(jobs: list[Job]) -> list[Job]:
+    return [
+        replace(job, steps=12, eval_every=3, device="auto")
+        for job in jobs
+        if isinstance(job, RunConfig)
+    ]
+
+
+# What the GPU batch runs, most important first (experiments.gpu_batch): 16 runs before the
+# last sweep's one, one per core of a 16-core GPU machine
+GPU_SWEEPS = ("femnist_long", "so_tag_long", "shakespeare_long", "so_tag_long_paper_rate")
+
+
 SWEEPS: dict[str, Sweep] = {
     "femnist": Sweep(
         "FEMNIST, 10 writers x 20 images per step (Figs. 2-4)", femnist_full, femnist_smoke
@@ -402,5 +512,26 @@ SWEEPS: dict[str, Sweep] = {
     ),
     "vertical": Sweep(
         "FATE breast / default_credit, two-party vertical", vertical_full, vertical_smoke
+    ),
+    "femnist_long": Sweep(
+        "FEMNIST SplitFed and q=1152 L=2 at lr 10^-1 and 10^-1.5, 3 seeds, to 20,000 steps "
+        "(GPU; cut at the batch's deadline)",
+        femnist_long,
+        femnist_long_smoke,
+    ),
+    "so_tag_long": Sweep(
+        "Stack Overflow tags SplitFed and 247x (q=125 L=10), to 20,000 steps (GPU)",
+        so_tag_long,
+        so_tag_long_smoke,
+    ),
+    "so_tag_long_paper_rate": Sweep(
+        "Stack Overflow tags SplitFed at the paper's AdaGrad 10^-0.5, to 20,000 steps (GPU)",
+        so_tag_long_paper_rate,
+        so_tag_long_paper_rate_smoke,
+    ),
+    "shakespeare_long": Sweep(
+        "Shakespeare next word SplitFed and 55x (q=12 L=30), to 20,000 steps (GPU)",
+        shakespeare_long,
+        shakespeare_long_smoke,
     ),
 }

@@ -160,7 +160,13 @@ class NwpFedLite(_RunUser):
     scenario = SCENARIOS["nwp-fedlite"]
 
 
-USER_CLASSES = {cls.scenario.name: cls for cls in (FemnistFedLite, FemnistSplitFed, NwpFedLite)}
+class CreditFedLite(_RunUser):
+    scenario = SCENARIOS["credit-fedlite"]
+
+
+USER_CLASSES = {
+    cls.scenario.name: cls for cls in (FemnistFedLite, FemnistSplitFed, NwpFedLite, CreditFedLite)
+}
 
 
 # ------------------------------------------------------------------------------ SLO gate

@@ -122,6 +122,7 @@ def _class_names() -> dict[str, str]:
         "femnist-fedlite": "FemnistFedLite",
         "femnist-splitfed": "FemnistSplitFed",
         "nwp-fedlite": "NwpFedLite",
+        "credit-fedlite": "CreditFedLite",
     }
 
 

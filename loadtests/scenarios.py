@@ -124,6 +124,16 @@ SCENARIOS: dict[str, Scenario] = {
             "serves one 62-class label table, so the top is Linear(96 -> 62) where the "
             "paper's next-token top is Linear(96 -> 10004)",
         ),
+        Scenario(
+            "credit-fedlite",
+            "tabular_mlp",
+            32,
+            256,
+            {"mode": "pq", "q": 8, "L": 16, "R": 1},
+            top={"hidden": [32]},
+            note="a small tabular step (default_credit's shape: B=256, d=32, q=8, L=16): the "
+            "per-step floor of issue 27, where fixed costs are most of a step",
+        ),
     ]
 }
 

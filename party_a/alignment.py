@@ -8,24 +8,26 @@ B's dataset version), so every run and job on the same two data sets reuses it: 
 id set on either side starts a new PSI. See ``shared.psi`` for the protocol and what it reveals.
 """
 
-import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from api_schemas import AlignmentIn, AlignmentOut
+from api_schemas import AlignmentIn, AlignmentOut, PsiInfo
 from party_a.errors import ConfigError, ProtocolError
 from party_a.features import FeatureTable, FeatureTransform
+from party_a.phases import phase
 from party_a.store import LocalRun, LocalStore, PsiResult, RunServing
 from party_a.transport import Transport
+from shared.alignkeys import decode_align_reply, encode_align_request, request_for
 from shared.alignment import hmac_ids, order_by_raw_id
 from shared.codec import CodecError
 from shared.psi import (
     PSI_PROTOCOL,
     PsiClient,
     PsiError,
+    PsiReply,
     PsiRequest,
     dataset_digest,
     decode_psi_reply,
@@ -40,8 +42,6 @@ __all__ = [
     "run_transform",
 ]
 
-log = logging.getLogger("fedlite.party_a")
-
 
 def private_intersection(
     ids: Sequence[str],
@@ -50,33 +50,30 @@ def private_intersection(
     store: LocalStore,
     server: str,
     force: bool = False,
+    info: PsiInfo | None = None,
 ) -> tuple[PsiResult, bool]:
     """The ids of ``ids`` that party B also holds, and whether the answer came from the cache.
 
-    ``force`` runs a new PSI even when one for the same pair of id sets is cached.
+    ``force`` runs a new PSI even when one for the same pair of id sets is cached; ``info``:
+    party B's ``GET /v1/psi`` when the caller has it already.
     """
     own_version = dataset_digest(ids)
-    info = transport.psi_info()
+    info = info if info is not None else transport.psi_info()
     if info.protocol != PSI_PROTOCOL:
         raise ProtocolError(f"party B speaks PSI {info.protocol!r}, this side {PSI_PROTOCOL!r}")
     if not force:
         cached = store.find_psi(server, own_version, info.dataset_version)
         if cached is not None:
+            phase("PSI: cached, %s ids in common", f"{len(cached.intersection):,}")
             return cached, True
     unique = list(dict.fromkeys(ids))
     if len(unique) > info.max_ids:
         raise ProtocolError(
             f"{len(unique)} ids, but party B takes at most {info.max_ids} per PSI request"
         )
+    phase("PSI: %s ids here, %s at party B", f"{len(unique):,}", f"{info.size:,}")
     started = time.perf_counter()
-    client = PsiClient(unique)
-    body = encode_psi_request(PsiRequest(request=client.request()))
-    try:
-        raw_reply = transport.psi(body)
-        reply = decode_psi_reply(raw_reply)
-        common = client.intersection(reply.setup, reply.response)
-    except (PsiError, CodecError) as exc:
-        raise ProtocolError(f"party B's PSI reply: {exc}") from None
+    common, reply, wire_bytes = _one_psi(unique, transport)
     seconds = time.perf_counter() - started
     # The reply names the id set it was computed on; it wins if party B changed meanwhile.
     result = store.save_psi(
@@ -87,18 +84,27 @@ def private_intersection(
             own_size=len(unique),
             peer_size=info.size,
             intersection=common,
-            wire_bytes=len(body) + len(raw_reply),
+            wire_bytes=wire_bytes,
             seconds=seconds,
         )
     )
-    log.info(
-        "PSI with party B: %d of our %d ids in common (party B holds %d), %.1f s",
-        len(common),
-        len(unique),
-        info.size,
-        seconds,
+    phase(
+        "PSI: %s ids in common (%.1f s, %s bytes)", f"{len(common):,}", seconds, f"{wire_bytes:,}"
     )
     return result, False
+
+
+def _one_psi(ids: list[str], transport: Transport) -> tuple[list[str], PsiReply, int]:
+    """One PSI round trip: the common ids, party B's reply, the bytes of both messages."""
+    client = PsiClient(ids)
+    body = encode_psi_request(PsiRequest(request=client.request()))
+    try:
+        raw_reply = transport.psi(body)
+        reply = decode_psi_reply(raw_reply)
+        common = client.intersection(reply.setup, reply.response)
+    except (PsiError, CodecError) as exc:
+        raise ProtocolError(f"party B's PSI reply: {exc}") from None
+    return common, reply, len(body) + len(raw_reply)
 
 
 def known_intersection(
@@ -178,17 +184,21 @@ def _align_at_party_b(
     server: str,
 ) -> AlignmentOut:
     key = bytes.fromhex(local.alignment_key)
+    info = transport.psi_info()
     psi, cached = private_intersection(
-        features.ids, transport=transport, store=store, server=server
+        features.ids, transport=transport, store=store, server=server, info=info
     )
     offered = hmac_ids(key, psi.intersection)
     if not offered:
         raise ConfigError("party A and party B hold no sample id in common")
-    request = AlignmentIn(hashed_ids=[k.hex() for k in offered])
-    answer = transport.align(local.remote_id, request.hashed_ids)
-    # what travels is counted: the JSON bodies as HttpTransport sends and receives them,
-    # plus the PSI messages when this run's alignment is the one that ran the PSI
-    traffic = len(request.model_dump_json()) + len(answer.model_dump_json())
+    phase("aligning the run on %s ids", f"{len(offered):,}")
+    started = time.perf_counter()
+    if "keys" in info.alignment_formats:
+        answer, traffic = _align_keys(local.remote_id, offered, transport)
+    else:  # a party B from before the binary alignment
+        answer, traffic = _align_json(local.remote_id, offered, transport)
+    # what travels is counted: the bodies as HttpTransport sends and receives them, plus the
+    # PSI messages when this run's alignment is the one that ran the PSI
     traffic += 0 if cached else psi.wire_bytes
     common = {bytes.fromhex(h) for h in answer.intersection}
     if not common <= set(offered):
@@ -197,8 +207,41 @@ def _align_at_party_b(
     store.update_run(local.id, alignment_bytes=traffic, aligned_ids=aligned)
     local.alignment_bytes = traffic
     local.aligned_ids = aligned
-    log.info("aligned %d samples (%d train, %d eval)", len(common), answer.train, answer.eval)
+    phase(
+        "aligned: %s samples, %s train, %s eval (%.1f s)",
+        f"{len(common):,}",
+        f"{answer.train:,}",
+        f"{answer.eval:,}",
+        time.perf_counter() - started,
+    )
     return answer
+
+
+def _align_json(
+    run_id: str, offered: list[bytes], transport: Transport
+) -> tuple[AlignmentOut, int]:
+    """The JSON alignment (hex keys both ways); the answer and the bytes of both bodies."""
+    request = AlignmentIn(hashed_ids=[k.hex() for k in offered])
+    answer = transport.align(run_id, request.hashed_ids)
+    return answer, len(request.model_dump_json()) + len(answer.model_dump_json())
+
+
+def _align_keys(
+    run_id: str, offered: list[bytes], transport: Transport
+) -> tuple[AlignmentOut, int]:
+    """The binary alignment (shared.alignkeys): key prefixes up, a bitmap back."""
+    request, ordered = request_for(offered)
+    body = encode_align_request(request)
+    raw = transport.align_keys(run_id, body)
+    try:
+        reply = decode_align_reply(raw)
+    except CodecError as exc:
+        raise ProtocolError(f"party B's alignment reply: {exc}") from None
+    if reply.n != request.n:
+        raise ProtocolError(f"party B answered for {reply.n} keys, party A sent {request.n}")
+    kept = [k for k, ok in zip(ordered, reply.mask().tolist(), strict=True) if ok]
+    answer = AlignmentOut(intersection=[k.hex() for k in kept], train=reply.train, eval=reply.eval)
+    return answer, len(body) + len(raw)
 
 
 def run_transform(

@@ -19,8 +19,9 @@ from torch import Tensor
 from torch.func import functional_call
 
 from party_a.errors import ProtocolError
-from shared import codec
+from shared import codec, threads
 from shared.correction import correct_gradient
+from shared.devices import to_host
 from shared.models import build_bottom, build_seeded, seed_dropout, takes_tokens
 from shared.pq import GroupedProductQuantizer, PQConfig
 from shared.schedule import step_seed
@@ -43,6 +44,7 @@ class PendingStep:
     # pipelining (party_a.loop): the detached copy of the parameters z was computed with;
     # None when z's graph leads to the live parameters (one step in flight)
     stashed: dict[str, Tensor] | None = None
+    threads: int = 1  # the step's intra-op threads (shared.threads), for its backward too
 
 
 @dataclass(frozen=True)
@@ -64,10 +66,15 @@ class BottomTrainer:
         quantizer: dict[str, Any],
         optimizer: dict[str, Any],
         seed: int,
+        device: torch.device | None = None,
     ) -> None:
         """``quantizer``: mode ("pq"/"raw"), q, R, L, codebook_dtype, iterations, lambda,
-        codewords ("packed" or "ans")."""
+        codewords ("packed" or "ans"). ``device``: where the model, its optimizer and the
+        k-means run (default the CPU); initialised on the CPU first, so a run starts from the
+        same weights on any device."""
+        self.device = device or torch.device("cpu")
         self.model = build_seeded(lambda: build_bottom(model, **bottom_kwargs), seed)
+        self.model.to(self.device)
         self.optimizer = make_optimizer(self.model.parameters(), optimizer)
         self.seed = seed
         self.tokens = takes_tokens(model)
@@ -78,6 +85,7 @@ class BottomTrainer:
         self._quantizer_spec = quantizer
         self._quantizers: dict[int, GroupedProductQuantizer] = {}
         self.frozen: Tensor | None = None  # the serving codebook (R, L, s), see freeze_codebook
+        self._macs_per_sample: int | None = None  # of a training step (shared.threads)
 
     # ------------------------------------------------------------------ training
 
@@ -96,7 +104,24 @@ class BottomTrainer:
         token) for sequence models. ``stash``: forward with a detached copy of the
         parameters (weight stashing), so that this step's gradient is taken at the weights
         that made z even when other steps update the model before its answer arrives.
+        Runs on the step's intra-op threads (``shared.threads``: from its size and the
+        cores, or the operator's ``--torch-threads``).
         """
+        inputs = self._input(x)
+        step_threads = self._threads(inputs)
+        with threads.intra_op(step_threads):
+            pending = self._request(step, inputs, digest, chunk_sizes, stash)
+        pending.threads = step_threads
+        return pending
+
+    def _request(
+        self,
+        step: int,
+        inputs: Tensor,
+        digest: bytes,
+        chunk_sizes: Sequence[int] | None,
+        stash: bool,
+    ) -> PendingStep:
         self.model.train()
         seed_dropout(self.model, step_seed(self.seed, step, "dropout-bottom"))
         stashed = None
@@ -105,10 +130,10 @@ class BottomTrainer:
                 name: p.detach().clone().requires_grad_(p.requires_grad)
                 for name, p in self.model.named_parameters()
             }
-            z = functional_call(self.model, stashed, (self._input(x),))
+            z = functional_call(self.model, stashed, (inputs,))
         else:
-            z = self.model(self._input(x))  # (rows, d)
-        per_sample = int(z.shape[0]) // max(len(x), 1)
+            z = self.model(inputs)  # (rows, d)
+        per_sample = int(z.shape[0]) // max(len(inputs), 1)
         sizes = [per_sample * b for b in chunk_sizes] if chunk_sizes else None
         chunks, z_tilde = self._compress(z, step, "kmeans", sizes)
         body = codec.encode_step_request(
@@ -123,6 +148,10 @@ class BottomTrainer:
 
     def apply(self, pending: PendingStep, response: bytes) -> StepResult:
         """Decode party B's answer, correct the gradient and update the bottom model."""
+        with threads.intra_op(pending.threads):
+            return self._apply(pending, response)
+
+    def _apply(self, pending: PendingStep, response: bytes) -> StepResult:
         try:
             answer = codec.decode_step_response(response)
         except codec.CodecError as exc:
@@ -132,7 +161,7 @@ class BottomTrainer:
                 f"step {pending.step}: response for step {answer.step} with gradient "
                 f"{answer.grad.shape}, expected {tuple(pending.z.shape)}"
             )
-        grad = torch.from_numpy(answer.grad)
+        grad = torch.from_numpy(answer.grad).to(self.device)
         corrected = correct_gradient(
             grad, pending.z, pending.z_tilde, self.lam, chunk_rows=pending.chunk_sizes
         )
@@ -166,14 +195,13 @@ class BottomTrainer:
         chunk_size *= int(z.shape[0]) // max(len(x), 1)  # rows: T per sample for sequences
         sizes = [min(chunk_size, len(z) - i) for i in range(0, len(z), chunk_size)]
         if raw or not self.pq:
-            return tuple(codec.RawActivations(p.numpy()) for p in torch.split(z, sizes))
+            return tuple(codec.RawActivations(p) for p in to_host(torch.split(z, sizes)))
         if self.frozen is None:
             raise ValueError("no frozen serving codebook: call freeze_codebook() first")
         quantizer = self._quantizer(int(z.shape[1]))
-        return tuple(
-            codec.PQActivations.from_code(quantizer.assign(p, self.frozen))
-            for p in torch.split(z, sizes)
-        )
+        frozen = self.frozen.to(self.device)
+        codewords = to_host([quantizer.assign(p, frozen).codewords for p in torch.split(z, sizes)])
+        return tuple(codec.PQActivations(self.frozen.numpy(), c) for c in codewords)
 
     @torch.no_grad()
     def forward(self, x: np.ndarray) -> Tensor:
@@ -201,8 +229,8 @@ class BottomTrainer:
             base.d, dataclasses.replace(base.config, max_points_per_centroid=256)
         )
         code = fitting.encode(z, seed=step_seed(self.seed, step, "serving-codebook"))
-        # what party B will read off the wire
-        self.frozen = code.rounded(self.codebook_dtype).codebook.contiguous()
+        # what party B will read off the wire; kept and stored with the run, device-neutral
+        self.frozen = code.rounded(self.codebook_dtype).codebook.cpu().contiguous()
         return self.frozen
 
     # ------------------------------------------------------------------ state
@@ -216,9 +244,15 @@ class BottomTrainer:
 
     # ------------------------------------------------------------------ internals
 
+    def _threads(self, inputs: Tensor) -> int:
+        """Intra-op threads of a training step on ``inputs`` (a batch of samples)."""
+        if self._macs_per_sample is None:
+            self._macs_per_sample = threads.macs_per_sample(self.model, inputs[:1])
+        return threads.choose(self._macs_per_sample * len(inputs))
+
     def _input(self, x: np.ndarray) -> Tensor:
         t = torch.from_numpy(np.ascontiguousarray(x))
-        return t.long() if self.tokens else t.float()
+        return (t.long() if self.tokens else t.float()).to(self.device)
 
     def _compress(
         self, z: Tensor, step: int, purpose: str, chunk_sizes: Sequence[int] | None
@@ -230,18 +264,22 @@ class BottomTrainer:
         detached = z.detach()
         if not self.pq:
             chunk_list: list[codec.Activations] = [
-                codec.RawActivations(part.numpy()) for part in torch.split(detached, sizes)
+                codec.RawActivations(part) for part in to_host(torch.split(detached, sizes))
             ]
             return tuple(chunk_list), detached
         quantizer = self._quantizer(int(z.shape[1]))
-        chunks: list[codec.Activations] = []
-        rebuilt = []
-        for index, part in enumerate(torch.split(detached, sizes)):
-            code = quantizer.encode(part, seed=step_seed(self.seed, step, f"{purpose}-{index}"))
-            # party B rebuilds z~ from the codebook as it travels: use the same one here
-            code = code.rounded(self.codebook_dtype)
-            chunks.append(codec.PQActivations.from_code(code))
-            rebuilt.append(quantizer.decode(code))
+        codes = quantizer.encode_many(
+            torch.split(detached, sizes),
+            seeds=[step_seed(self.seed, step, f"{purpose}-{i}") for i in range(len(sizes))],
+        )
+        # party B rebuilds z~ from the codebook as it travels: use the same one here
+        codes = [code.rounded(self.codebook_dtype) for code in codes]
+        rebuilt = [quantizer.decode(code) for code in codes]
+        # off a GPU in one wait for every chunk (shared.devices.to_host); as they are on a CPU
+        host = to_host([t for code in codes for t in (code.codebook, code.codewords)])
+        chunks: list[codec.Activations] = [
+            codec.PQActivations(host[i], host[i + 1]) for i in range(0, len(host), 2)
+        ]
         return tuple(chunks), torch.cat(rebuilt) if len(rebuilt) > 1 else rebuilt[0]
 
     def _quantizer(self, d: int) -> GroupedProductQuantizer:

@@ -16,6 +16,9 @@ Example (every table but [run] is optional)::
                                  # d = 9181, topk:k=ceil(d/36) above)
     schedule = { kind = "shuffle" }  # or { kind = "clients", clients_per_step = 10 }
     pipeline_depth = 1           # steps in flight (docs/PROTOCOL.md, "Pipelining")
+    device = "cpu"               # where party A computes: "cpu", "cuda", "cuda:N" or "auto"
+                                 # (a local choice: not part of the run, --device overrides it)
+    # party = "telco"            # one feature party of a run with several (PROTOCOL.md 12)
 
     [model.bottom]               # party A's bottom model (in_features defaults to the data)
     hidden = [64]
@@ -47,26 +50,18 @@ Example (every table but [run] is optional)::
     # group_column = "writer"    # the client of each row; the 'clients' schedule needs it
 """
 
-import difflib
 import tomllib
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api_schemas import BatchScheduleSpec, OptimizerSpec, QuantizerSpec, RunCreate, ShuffleSchedule
+from api_schemas.runs import PARTY_NAME
+from party_a.environment import ENVIRONMENT, check_environment
 from party_a.errors import ConfigError
 
 __all__ = ["ENVIRONMENT", "PartyAConfig", "check_environment", "load_config"]
-
-# Every FEDLITE_A_* variable party A reads; any other is a mistake (as an unknown TOML key is).
-ENVIRONMENT = {
-    "FEDLITE_A_SERVER": "party B's base URL (--server)",
-    "FEDLITE_A_TOKEN": "the API token party B issued (--token)",
-    "FEDLITE_A_CA_BUNDLE": "CA certificates to trust for party B (--ca-bundle)",
-    "FEDLITE_A_STATE_DIR": "party A's state directory (--state-dir)",
-}
 
 ModelKwargs = dict[str, int | float | list[int]]
 
@@ -90,6 +85,13 @@ class RunSection(_Strict):
     downlink: str | None = None
     # steps in flight at once (party_a.loop): 1 = send a step, wait, apply, as before
     pipeline_depth: int = Field(default=1, ge=1, le=16)
+    # where this party A computes (shared.devices): a local execution choice, left out of the
+    # run's fingerprint, so a run trained on one device is resumed, evaluated or served on
+    # another
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda|cuda:[0-9]+|auto)$")
+    # this party's name in a run with several feature parties (party B's operator created
+    # the run and issued this party's token); None: a run of this party alone
+    party: str | None = Field(default=None, pattern=PARTY_NAME)
 
 
 class ModelSection(_Strict):
@@ -132,37 +134,52 @@ class PartyAConfig(_Strict):
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
     data: DataSection = Field(default_factory=DataSection)
 
-    @model_validator(mode="after")
-    def _known_model(self) -> Self:
+    def check_model(self) -> None:
+        """ConfigError for a model name the registry does not know. Not a validator: the
+        registry loads torch (seconds), and reading a config (``finish``, ``show``, or
+        ``train`` before its first line of output) should not."""
         from shared.models import MODEL_NAMES
 
         if self.run.model not in MODEL_NAMES:
-            raise ValueError(f"unknown model {self.run.model!r}; known: {list(MODEL_NAMES)}")
-        return self
+            raise ConfigError(f"unknown model {self.run.model!r}; known: {list(MODEL_NAMES)}")
+
+    def on_device(self, device: str | None) -> "PartyAConfig":
+        """This config computing on ``device`` (None: as it is). The device is a local
+        choice, no part of the run (its fingerprint leaves it out), so it may change for a
+        trained run; it is checked when the trainer resolves it."""
+        if device is None:
+            return self
+        return self.model_copy(update={"run": self.run.model_copy(update={"device": device})})
 
     def run_create(self, cut_dim: int) -> RunCreate:
         """The run as party B sees it (lambda and the bottom model stay with party A)."""
         # no downlink in the config: party B's default for new runs (RunCreate fills it in)
         downlink = {} if self.run.downlink is None else {"downlink": self.run.downlink}
-        return RunCreate.model_validate(
-            dict(
-                name=self.run.name,
-                model=self.run.model,
-                top=self.model.top,
-                cut_dim=cut_dim,
-                quantizer=self.quantizer.spec(),
-                optimizer=self.optimizer.top,
-                batch_size=self.run.batch_size,
-                schedule=self.run.schedule,
-                steps=self.run.steps,
-                seed=self.run.seed,
-                checkpoint_interval=self.run.checkpoint_interval,
-                eval_fraction=self.run.eval_fraction,
-                use_side_features=self.run.use_side_features,
-                grad_dtype=self.run.grad_dtype,
-                **downlink,
-            )
-        )
+        try:
+            return RunCreate.model_validate(self._run_fields(cut_dim) | downlink)
+        except ValidationError as exc:
+            # one line per rule (e.g. "quantizer.q=5 must divide cut_dim=32"), not pydantic's
+            # dump of the whole spec
+            rules = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+            raise ConfigError(f"the run's config does not fit its model: {rules}") from None
+
+    def _run_fields(self, cut_dim: int) -> dict[str, Any]:
+        return {
+            "name": self.run.name,
+            "model": self.run.model,
+            "top": self.model.top,
+            "cut_dim": cut_dim,
+            "quantizer": self.quantizer.spec(),
+            "optimizer": self.optimizer.top,
+            "batch_size": self.run.batch_size,
+            "schedule": self.run.schedule,
+            "steps": self.run.steps,
+            "seed": self.run.seed,
+            "checkpoint_interval": self.run.checkpoint_interval,
+            "eval_fraction": self.run.eval_fraction,
+            "use_side_features": self.run.use_side_features,
+            "grad_dtype": self.run.grad_dtype,
+        }
 
 
 def load_config(path: Path | None, overrides: dict[str, Any]) -> PartyAConfig:
@@ -189,22 +206,3 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> PartyAConfig:
         lines = [f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
         where = f" in {path}" if path else ""
         raise ConfigError(f"invalid configuration{where}:\n" + "\n".join(lines)) from None
-
-
-def check_environment(environ: Mapping[str, str]) -> None:
-    """ConfigError for a FEDLITE_A_* variable party A does not read (a typo would otherwise
-    silently fall back to a default)."""
-    unknown = sorted(
-        k for k in environ if k.upper().startswith("FEDLITE_A_") and k not in ENVIRONMENT
-    )
-    if not unknown:
-        return
-    lines = []
-    for name in unknown:
-        close = difflib.get_close_matches(name.upper(), ENVIRONMENT, n=1)
-        lines.append(f"  {name}" + (f" (did you mean {close[0]}?)" if close else ""))
-    raise ConfigError(
-        "unknown environment variable(s):\n"
-        + "\n".join(lines)
-        + f"\nparty A reads only {', '.join(ENVIRONMENT)}"
-    )

@@ -8,26 +8,28 @@
      ├── TransportError         party B unreachable after every retry
      ├── ProtocolError          a response that is not what the protocol promises
      └── ProblemResponse        party B answered with problem+json (type, status, detail)
-          ├── Unauthorized          401
+          ├── Unauthorized          401 (reason: token, expired, certificate)
+          ├── Forbidden             403 the token's scope does not cover the call
           ├── NotFound              404
           ├── StepOutOfOrder        409 step-out-of-order (expected_step, applied_step)
           ├── StepReplayMismatch    409 step-replay-mismatch
           ├── BatchMismatch         409 batch-mismatch
           ├── CheckpointNotFound    409 checkpoint-not-found (checkpoints)
           ├── RunStateConflict      409 run-state
+          ├── PartiesIncomplete     409 parties-incomplete (missing_parties, waiting_for)
           └── TrainingDiverged      422 training-diverged
 """
 
 from typing import Any
-
-from api_schemas.problems import ProblemType
 
 __all__ = [
     "BatchMismatch",
     "CheckpointNotFound",
     "ConfigError",
     "FedliteError",
+    "Forbidden",
     "NotFound",
+    "PartiesIncomplete",
     "ProblemResponse",
     "ProtocolError",
     "RunNotFound",
@@ -80,7 +82,11 @@ class ProblemResponse(FedliteError):
 
 
 class Unauthorized(ProblemResponse):
-    pass
+    """Party B does not accept the credential; only its operator can change that."""
+
+
+class Forbidden(ProblemResponse):
+    """The token is valid but its scope does not cover the call (``needs`` says which)."""
 
 
 class NotFound(ProblemResponse):
@@ -113,21 +119,39 @@ class TrainingDiverged(ProblemResponse):
     pass
 
 
-_BY_TYPE: dict[str, type[ProblemResponse]] = {
-    ProblemType.UNAUTHORIZED: Unauthorized,
-    ProblemType.NOT_FOUND: NotFound,
-    ProblemType.STEP_OUT_OF_ORDER: StepOutOfOrder,
-    ProblemType.STEP_REPLAY_MISMATCH: StepReplayMismatch,
-    ProblemType.BATCH_MISMATCH: BatchMismatch,
-    ProblemType.CHECKPOINT_NOT_FOUND: CheckpointNotFound,
-    ProblemType.RUN_STATE: RunStateConflict,
-    ProblemType.TRAINING_DIVERGED: TrainingDiverged,
-}
+class PartiesIncomplete(ProblemResponse):
+    """Party B waited for other feature parties of the run, in vain so far: send again."""
+
+    @property
+    def missing_parties(self) -> list[str]:
+        return [str(p) for p in self.extra.get("missing_parties", [])]
+
+    @property
+    def waiting_for(self) -> str:
+        return str(self.extra.get("waiting_for", ""))
+
+
+def _by_type() -> dict[str, type[ProblemResponse]]:
+    # imported here: api_schemas loads pydantic, which `fedlite-a --help` does not need
+    from api_schemas.problems import ProblemType
+
+    return {
+        ProblemType.UNAUTHORIZED: Unauthorized,
+        ProblemType.FORBIDDEN: Forbidden,
+        ProblemType.NOT_FOUND: NotFound,
+        ProblemType.STEP_OUT_OF_ORDER: StepOutOfOrder,
+        ProblemType.STEP_REPLAY_MISMATCH: StepReplayMismatch,
+        ProblemType.BATCH_MISMATCH: BatchMismatch,
+        ProblemType.CHECKPOINT_NOT_FOUND: CheckpointNotFound,
+        ProblemType.RUN_STATE: RunStateConflict,
+        ProblemType.TRAINING_DIVERGED: TrainingDiverged,
+        ProblemType.PARTIES_INCOMPLETE: PartiesIncomplete,
+    }
 
 
 def problem_from_body(status: int, body: dict[str, Any]) -> ProblemResponse:
     """The typed exception for a decoded problem+json body."""
     type_ = str(body.get("type", "about:blank"))
     extra = {k: v for k, v in body.items() if k not in ("type", "title", "status", "detail")}
-    cls = _BY_TYPE.get(type_, ProblemResponse)
+    cls = _by_type().get(type_, ProblemResponse)
     return cls(status, type_, str(body.get("title", "")), str(body.get("detail", "")), extra)

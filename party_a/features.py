@@ -103,7 +103,9 @@ def load_features(
     ``standardize`` is recorded, not applied: the run fits the z-score on its training rows
     (statistics of features only; party A never sees labels).
     """
-    table = read_id_table(path, id_column=id_column)
+    wanted = [*(feature_columns or []), *([group_column] if group_column else [])]
+    # only the columns the run reads (all, when none are named), after a header check
+    table = read_id_table(path, id_column=id_column, columns=wanted if feature_columns else None)
     groups = None
     if group_column is not None:
         if group_column not in table.columns:

@@ -217,11 +217,15 @@ class _Loop:
             self.on_step(result, self.summary)
 
     def _send(self, step: int) -> _InFlight:
-        """Forward and encode ``step`` here (the model is touched by this thread only) and
-        hand its request to a sender thread."""
+        """Forward and encode ``step`` here (the model is touched by this thread only) and,
+        with several in flight, hand its request to a sender thread."""
         started = time.perf_counter()
         pending = self.port.forward(step, stash=self.settings.depth > 1)
-        answer = None if self.cautious else self.pool.submit(self.port.send, pending.body)
+        # One step in flight (K = 1) is sent from this thread, when its answer is asked for:
+        # nothing overlaps it, and a hand-off to a sender thread and back cost two wake-ups
+        # per step (milliseconds on a loaded machine; docs/PERFORMANCE.md, "The floor")
+        alone = self.cautious or self.settings.depth == 1
+        answer = None if alone else self.pool.submit(self.port.send, pending.body)
         return _InFlight(pending, answer, started)
 
     def _answer(self, head: _InFlight) -> bytes:

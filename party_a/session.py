@@ -7,15 +7,18 @@ imports this module for every command, ``--help`` too.
 """
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from party_a.errors import ConfigError, RunNotFound
+from party_a.phases import phase
 
 if TYPE_CHECKING:
     from party_a.config import PartyAConfig
+    from party_a.features import FeatureTable
     from party_a.store import LocalStore
     from party_a.trainer import PartyATrainer
 
@@ -71,6 +74,8 @@ def open_session(
     create: bool,
     id_column: str = "id",
     ca_bundle: Path | None = None,
+    client_cert: Path | None = None,
+    client_key: Path | None = None,
     retry_for: float = 300.0,
 ) -> Iterator["PartyATrainer"]:
     """The run's trainer over HTTP, not yet prepared; the transport is closed at the end.
@@ -79,28 +84,67 @@ def open_session(
     and the feature table load. A run that exists reads its own feature columns (stored with
     its transform), whatever else the table holds.
     """
-    from party_a.features import load_features
-    from party_a.trainer import PartyATrainer
     from party_a.transport.http import HttpTransport
+    from party_a.transport.parties import PartyTransport
 
     key = server.strip().rstrip("/")
     local = store.find_run(key, config.run.name)
     if not create and local is None:
         raise RunNotFound(config.run.name, key)
     stored = store.serving(local.id) if local is not None else None
-    transport = HttpTransport(server, token, ca_bundle=ca_bundle, retry_for=retry_for)
-    try:
-        table = load_features(
-            features,
-            id_column=id_column,
-            feature_columns=(
-                stored.transform["columns"] if stored else config.data.feature_columns or None
-            ),
-            standardize=config.data.standardize,
-            group_column=config.data.group_column,
+    transport = (
+        HttpTransport(
+            server,
+            token,
+            ca_bundle=ca_bundle,
+            client_cert=client_cert,
+            client_key=client_key,
+            retry_for=retry_for,
         )
+        if config.run.party is None
+        else PartyTransport(
+            server,
+            token,
+            party=config.run.party,
+            ca_bundle=ca_bundle,
+            client_cert=client_cert,
+            client_key=client_key,
+            retry_for=retry_for,
+        )
+    )
+    try:
+        # the table before torch: a wrong column is told in a second, not after the imports
+        columns = stored.transform["columns"] if stored else config.data.feature_columns
+        table = _features(features, id_column, columns or None, config)
+        config.check_model()  # the model registry: torch, which the trainer needs next
+        from party_a.trainer import PartyATrainer  # torch
+
         yield PartyATrainer(
             config=config, features=table, transport=transport, store=store, server=key
         )
     finally:
         transport.close()
+
+
+def _features(
+    path: Path, id_column: str, columns: list[str] | None, config: "PartyAConfig"
+) -> "FeatureTable":
+    """Party A's table, saying so (the first phase of a first contact)."""
+    from party_a.features import load_features
+
+    phase("loading features from %s", path)
+    started = time.perf_counter()
+    table = load_features(
+        path,
+        id_column=id_column,
+        feature_columns=columns,
+        standardize=config.data.standardize,
+        group_column=config.data.group_column,
+    )
+    phase(
+        "features: %s rows, %d columns (%.1f s); loading the model",
+        f"{len(table.ids):,}",
+        table.x.shape[1],
+        time.perf_counter() - started,
+    )
+    return table

@@ -7,6 +7,7 @@ step and are written in one transaction with the pruning of older ones.
 """
 
 import secrets
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from sqlalchemy import (
     create_engine,
     delete,
     event,
+    insert,
     select,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
@@ -235,9 +237,19 @@ class LocalStore:
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(
-        self, run_id: int, step: int, model_state: bytes, optimizer_state: bytes, *, keep: int
+        self,
+        run_id: int,
+        step: int,
+        model_state: bytes,
+        optimizer_state: bytes,
+        *,
+        keep: int,
+        steps: Sequence[LocalStep] = (),
     ) -> None:
+        """The checkpoint of ``step``, the step-log rows ``steps`` (those since the last
+        checkpoint) and the pruning to the newest ``keep``: one transaction."""
         with self.session() as s:
+            _put_steps(s, steps)
             s.merge(
                 LocalCheckpoint(
                     run_id=run_id,
@@ -293,8 +305,12 @@ class LocalStore:
     # ------------------------------------------------------------------ step log
 
     def log_step(self, entry: LocalStep) -> None:
+        self.log_steps([entry])
+
+    def log_steps(self, entries: Sequence[LocalStep]) -> None:
+        """Add (or replace) step-log rows, in one transaction."""
         with self.session() as s:
-            s.merge(entry)
+            _put_steps(s, entries)
             s.commit()
 
     def steps(self, run_id: int) -> list[LocalStep]:
@@ -304,6 +320,21 @@ class LocalStore:
                     select(LocalStep).where(LocalStep.run_id == run_id).order_by(LocalStep.step)
                 )
             )
+
+
+def _put_steps(session: Session, entries: Sequence[LocalStep]) -> None:
+    """Replace the step-log rows of ``entries`` (one run's): one DELETE and one INSERT of
+    them all, where the ORM merged them a row and a SELECT at a time."""
+    if not entries:
+        return
+    columns = [c.key for c in LocalStep.__table__.columns]
+    rows = [{c: getattr(e, c) for c in columns} for e in entries]
+    for run_id in {e.run_id for e in entries}:
+        steps = [e.step for e in entries if e.run_id == run_id]
+        session.execute(
+            delete(LocalStep).where(LocalStep.run_id == run_id, LocalStep.step.in_(steps))
+        )
+    session.execute(insert(LocalStep), rows)
 
 
 def _make_engine(url: str) -> Engine:

@@ -27,13 +27,15 @@ from party_a import inference, recovery
 from party_a.alignment import AlignedData, align_run, known_intersection, private_intersection
 from party_a.bottom import BottomTrainer, PendingStep, StepResult
 from party_a.config import PartyAConfig
-from party_a.errors import ConfigError, NotFound, RunNotFound
+from party_a.errors import CheckpointNotFound, ConfigError, NotFound, RunNotFound, StepOutOfOrder
 from party_a.features import FeatureTable
 from party_a.loop import LoopSettings, StepRecord, TrainSummary, run_steps
+from party_a.phases import phase
 from party_a.store import LocalRun, LocalStep, LocalStore, PsiResult
 from party_a.transport import Transport
 from shared import codec
 from shared.accounting import raw_step_request_bytes
+from shared.devices import resolve_device
 from shared.models import cut_dim as model_cut_dim
 from shared.models import input_width_kwarg
 from shared.schedule import (
@@ -87,6 +89,7 @@ class PartyATrainer:
             quantizer=config.quantizer.model_dump(by_alias=True),
             optimizer=config.optimizer.bottom.model_dump(),
             seed=config.run.seed,
+            device=resolve_device(config.run.device),  # DeviceUnavailable: a ValueError
         )
         self.local: LocalRun | None = None
         self.step = 0
@@ -94,6 +97,7 @@ class PartyATrainer:
         self.batches: BatchSchedule | None = None  # None when serving from a serving table
         self.schedule_version = SCHEDULE_VERSION  # the run's, as party B recorded it
         self._remote: RunOut | None = None  # party B as prepare() last saw it
+        self._unlogged: list[LocalStep] = []  # step-log rows since the last checkpoint
 
     # ================================================================== set-up
 
@@ -114,6 +118,7 @@ class PartyATrainer:
         has no record of is :class:`RunNotFound`, never a new, untrained run at party B."""
         local = self._local_run(create=create)
         if local is None:
+            phase("creating run %r at party B", self.config.run.name)
             remote = self.transport.create_run(
                 self.config.run_create(self.cut_dim), self._create_key()
             )
@@ -129,6 +134,7 @@ class PartyATrainer:
             log.info("created run %s at party B", remote.id)
         else:
             remote = self._get_run(local)
+            phase("run %r: %s at party B, step %d", local.name, remote.status.value, remote.step)
         self.local = local
         self.schedule_version = remote.config.schedule_version  # party B's record decides
         self.data, answer = align_run(
@@ -207,9 +213,8 @@ class PartyATrainer:
         self.bottom.load_state(checkpoint.model_state, checkpoint.optimizer_state)
         self.step = checkpoint.step
         self.store.forget_after(self.local.id, checkpoint.step)
-        log.info(
-            "resuming run %s from local checkpoint at step %d", self.local.remote_id, self.step
-        )
+        if self.step:
+            phase("restored party A's checkpoint at step %d", self.step)
 
     def _fingerprint(self) -> dict[str, Any]:
         """The config a local run is found again by. Settings added since at their old
@@ -217,8 +222,10 @@ class PartyATrainer:
         codewords) are left out, so that state directories written before them keep matching
         their runs."""
         run, optimizers = self.config.run, self.config.optimizer
-        unset = {"pipeline_depth"} if run.pipeline_depth == 1 else set()
+        unset = {"device"}  # a local execution choice, never part of the run
+        unset |= {"pipeline_depth"} if run.pipeline_depth == 1 else set()
         unset |= {"downlink"} if run.downlink is None else set()
+        unset |= {"party"} if run.party is None else set()
         exclude: dict[str, Any] = {"run": unset}
         if self.config.quantizer.codewords == "packed":
             exclude["quantizer"] = {"codewords"}
@@ -298,10 +305,28 @@ class PartyATrainer:
         )
         started = time.perf_counter()
         settings = LoopSettings(run.steps, run.pipeline_depth, run.checkpoint_interval)
-        run_steps(self, settings, summary, self.on_step)
+        try:
+            run_steps(self, settings, summary, self.on_step)
+            while run.party is not None and not self._finished_by_every_party():
+                run_steps(self, settings, summary, self.on_step)  # another party rolled back
+        finally:
+            self.flush_steps()
         summary.seconds = time.perf_counter() - started
         self.view().freeze_codebook()
         return summary
+
+    def _finished_by_every_party(self) -> bool:
+        """A feature party of a run with several: training ends when every party has applied
+        the last step (party B's finish meeting, docs/PROTOCOL.md 12.7). False when the run
+        was rolled back meanwhile (a party that crashed before the last step): train on."""
+        assert self.local is not None
+        try:
+            self.transport.finish(self.run_id)
+        except StepOutOfOrder as exc:
+            log.warning("the run went back to step %s; training on", exc.applied_step)
+            return False
+        self.store.update_run(self.local.id, status="finished")
+        return True
 
     # ------------------------------------------------------------------ StepPort
 
@@ -334,8 +359,15 @@ class PartyATrainer:
         return _raw_request_bytes(self.cut_dim, chunk_sizes)
 
     def commit(self, record: StepRecord) -> None:
+        """Log the step; at the run's checkpoint steps, write the checkpoint with the rows
+        logged since the last one, in one transaction.
+
+        The rows wait in memory until then (or until training stops, ``flush_steps``): a
+        restart drops every row past the newest checkpoint anyway (``_restore``), so one
+        written per step bought nothing but a transaction per step (~1 ms of party A's
+        ~3 ms demo step under load; docs/PERFORMANCE.md, "The floor")."""
         assert self.local is not None
-        self.store.log_step(
+        self._unlogged.append(
             LocalStep(
                 run_id=self.local.id,
                 step=record.step,
@@ -350,26 +382,48 @@ class PartyATrainer:
         if record.step % run.checkpoint_interval == 0 or record.step == run.steps:
             model_state, optimizer_state = self.bottom.state()
             self.store.save_checkpoint(
-                self.local.id, record.step, model_state, optimizer_state, keep=CHECKPOINTS_KEPT
+                self.local.id,
+                record.step,
+                model_state,
+                optimizer_state,
+                keep=CHECKPOINTS_KEPT,
+                steps=self._unlogged,
             )
+            self._unlogged = []
+
+    def flush_steps(self) -> None:
+        """Write the step-log rows logged since the last checkpoint."""
+        if self._unlogged:
+            self.store.log_steps(self._unlogged)
+            self._unlogged = []
 
     def reconcile(self) -> bool:
         assert self.local is not None
         # party B as prepare() saw it, when no step has been sent since: no second GET
         remote, self._remote = self._remote, None
-        if remote is None:
-            remote = self.transport.get_run(self.run_id)
-        target = recovery.reconcile(
-            step=self.step,
-            remote=remote,
-            local_run=self.local.id,
-            store=self.store,
-            bottom=self.bottom,
-            transport=self.transport,
-        )
+        for attempt in range(3):
+            if remote is None:
+                remote = self.transport.get_run(self.run_id)
+            try:
+                target = recovery.reconcile(
+                    step=self.step,
+                    remote=remote,
+                    local_run=self.local.id,
+                    store=self.store,
+                    bottom=self.bottom,
+                    transport=self.transport,
+                )
+                break
+            except CheckpointNotFound:
+                # another feature party rolled party B back past our target meanwhile
+                if self.config.run.party is None or attempt == 2:
+                    raise
+                remote = None
         if target is None:
             return False
         self.step = target
+        # the rolled-back steps' rows are gone from the store (forget_after): and from here
+        self._unlogged = [row for row in self._unlogged if row.step <= target]
         return True
 
     # ================================================================== serving
@@ -406,6 +460,7 @@ class PartyATrainer:
 
     def close(self) -> None:
         """Close the transport (if it has connections) and the local database."""
+        self.flush_steps()
         close = getattr(self.transport, "close", None)
         if close is not None:
             close()

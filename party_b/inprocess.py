@@ -89,6 +89,9 @@ class InProcessTransport:
     def align(self, run_id: str, hashed_ids: list[str]) -> AlignmentOut:
         return self._call(self.service.alignment.align, run_id, hashed_ids)
 
+    def align_keys(self, run_id: str, body: bytes) -> bytes:
+        return self._call(self.service.alignment.align_keys, run_id, body)
+
     def step(self, run_id: str, body: bytes) -> bytes:
         return self._call(self.service.steps.step, run_id, body)
 

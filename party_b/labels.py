@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from shared.idtables import TableError, read_id_table
+from shared.idtables import IdTable, TableError, check_columns, read_id_table
 from shared.types import Task
 
 __all__ = ["LabelSource", "LabelTable", "load_label_table"]
@@ -139,7 +139,7 @@ def load_label_table(
 ) -> LabelTable:
     """Read party B's table. ``feature_columns=None`` takes every column but id, label and
     the client column ``group_column`` (needed only by the 'clients' batch schedule)."""
-    table = read_id_table(path, id_column=id_column)
+    table = _read(path, id_column, label_column, feature_columns, group_column)
     if label_column not in table.columns:
         raise TableError(
             f"{path} has no label column {label_column!r}; columns: {sorted(table.columns)}"
@@ -182,6 +182,26 @@ def load_label_table(
         row_groups=groups,
         feature_mean=mean.tolist(),
         feature_scale=scale.tolist(),
+    )
+
+
+def _read(
+    path: Path,
+    id_column: str,
+    label_column: str,
+    feature_columns: list[str] | None,
+    group_column: str | None,
+) -> IdTable:
+    """The table's header first (a wrong column name is told before the rows are read),
+    then the columns party B uses (all of them when no feature columns are named)."""
+    required = {id_column: "id column", label_column: "label column"}
+    required |= {group_column: "client column"} if group_column else {}
+    required |= dict.fromkeys(feature_columns or (), "feature column")
+    check_columns(path, required)
+    return read_id_table(
+        path,
+        id_column=id_column,
+        columns=None if feature_columns is None else [c for c in required if c != id_column],
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from party_b.privacy.policy import PrivacyPolicy, parse_policy
+from party_b.privacy.policy import DEFAULT_PRESET, PrivacyPolicy, parse_policy
 
 __all__ = [
     "MIN_DASHBOARD_TOKEN",
@@ -87,6 +87,10 @@ class Settings(BaseSettings):
     )
     checkpoints_kept: int = Field(default=3, ge=2, description="checkpoints kept per run")
     torch_threads: int | None = Field(default=None, ge=1)
+    device: str = Field(
+        default="cpu",
+        description="where the top models compute: cpu, cuda, cuda:N or auto (party_b/device.py)",
+    )
     worker_threads: int = Field(default=8, ge=1, description="concurrent torch requests")
     max_live_runs: int | None = Field(
         default=32,
@@ -114,8 +118,29 @@ class Settings(BaseSettings):
         description="longest wait of a training step that overtook its predecessor before it "
         "is refused (default 5; 0 refuses it at once, party_b/service/turns.py says why)",
     )
+    drain_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=600,
+        description="after SIGTERM, answer new API requests 503 and /readyz 503 for at least "
+        "this long before the port closes, so that load balancers stop sending work here "
+        "first (party_b/drain.py; requests in flight always finish)",
+    )
+    party_wait_seconds: float = Field(
+        default=20.0,
+        gt=0,
+        le=110,
+        description="a run with several feature parties: longest wait of one party's request "
+        "for the others' (a step, an alignment, an evaluation...) before 409 "
+        "parties-incomplete; below party A's 120 s request timeout",
+    )
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
+    ssl_ca_certs: Path | None = Field(
+        default=None,
+        description="mutual TLS: CA certificates (PEM) whose client certificates party B "
+        "accepts; set, every connection must present one (docs/DEPLOY.md)",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = Field(
         default="text", description="one line per record: text, or one JSON object"
@@ -126,10 +151,17 @@ class Settings(BaseSettings):
         "checks and metrics scrapes; all; off",
     )
     privacy: str = Field(
-        default="off",
-        description="label privacy of new runs (docs/PRIVACY.md): 'recommended', 'off', or "
-        "either followed by overrides, e.g. 'recommended,metrics=none'; each run keeps the "
-        "policy it was created with",
+        default=DEFAULT_PRESET,
+        description="label privacy of new runs (docs/PRIVACY.md): 'protected' (the default: "
+        "label differential privacy), 'off' (logged as the operator's choice), "
+        "'recommended' (Marvell's noise), each optionally followed by overrides, e.g. "
+        "'protected,label_epsilon=2'; each run keeps the policy it was created with",
+    )
+    metrics_label_series: bool = Field(
+        default=False,
+        description="also export each run's loss, accuracy and evaluation metrics on /metrics "
+        "(label-derived; off by default). /metrics carries per-run series only for a request "
+        "with the operator's credential (FEDLITE_B_DASHBOARD_TOKEN)",
     )
     limits: Limits = Field(default_factory=Limits)
     dashboard_token: SecretStr | None = Field(
@@ -220,9 +252,9 @@ def check_environment(environ: Mapping[str, str]) -> None:
 
 _FLAG_FIELDS = (
     "host", "port", "data_dir", "database_url", "labels", "id_column", "label_column",
-    "group_column", "label_source", "tokens", "ssl_certfile", "ssl_keyfile", "log_level",
-    "log_format", "access_log", "torch_threads", "worker_threads", "privacy",
-    "max_live_runs", "max_live_bytes", "replica_id",
+    "group_column", "label_source", "tokens", "ssl_certfile", "ssl_keyfile", "ssl_ca_certs",
+    "log_level", "log_format", "access_log", "torch_threads", "worker_threads", "privacy",
+    "device", "max_live_runs", "max_live_bytes", "replica_id",
 )  # fmt: skip
 
 

@@ -21,6 +21,9 @@ import torch
 from sklearn.metrics import roc_auc_score
 from torch import Tensor
 
+from party_b.device import compute_device
+from shared import threads
+from shared.devices import to_host
 from shared.models import build_seeded, build_top, seed_dropout
 from shared.training import make_optimizer, state_from_bytes, state_to_bytes
 from shared.types import Task
@@ -66,20 +69,30 @@ class TopTrainer:
         seed: int,
         accuracy_excludes: tuple[int, ...] = (),
         prediction_excludes: tuple[int, ...] = (),
+        device: torch.device | None = None,
     ) -> None:
         """``accuracy_excludes``: target classes that count in the loss but not in accuracy
         (end of sentence, in FedJAX's next-word accuracy); ``prediction_excludes``: classes
-        accuracy's argmax never picks (pad, oov, bos, eos there)."""
+        accuracy's argmax never picks (pad, oov, bos, eos there). ``device``: where the model
+        computes (default: party B's, ``party_b.device``); tensors come in and go out on the
+        CPU whatever it is."""
+        self.device = device or compute_device()
         self.model = build_seeded(lambda: build_top(model, cut_dim=cut_dim, **top_kwargs), seed)
+        self.model.to(self.device)
         if any(True for _ in self.model.buffers()):
             # e.g. BatchNorm's running statistics: compute_step would change them
             raise ValueError(f"top model {model!r} has buffers, which a forward pass changes")
         self.optimizer = make_optimizer(self.model.parameters(), optimizer)
         self.task = task
         self.cut_dim = cut_dim
-        self.accuracy_excludes = torch.tensor(accuracy_excludes, dtype=torch.int64)
-        self.prediction_excludes = torch.tensor(prediction_excludes, dtype=torch.int64)
+        self.accuracy_excludes = torch.tensor(accuracy_excludes, dtype=torch.int64).to(self.device)
+        self.prediction_excludes = torch.tensor(prediction_excludes, dtype=torch.int64).to(
+            self.device
+        )
         self._computed = False  # compute_step ran and apply_step has not yet
+        # intra-op threads of a step: from its multiply-adds (shared.threads), counted once
+        self._macs_per_row: int | None = None
+        self._step_threads = 1
 
     # ------------------------------------------------------------------ training
 
@@ -98,12 +111,21 @@ class TopTrainer:
 
         Leaves the parameters' gradients for ``apply_step`` and changes nothing else: not the
         parameters, not the optimizer's state (the model has no buffers). Raises
-        ``DivergedError`` for a non-finite loss or gradient.
+        ``DivergedError`` for a non-finite loss or gradient. Runs on the step's intra-op
+        threads (``shared.threads``: from its size and the cores, or the operator's).
         """
         self._computed = False
+        self._step_threads = self._threads(z_tilde, side)
+        with threads.intra_op(self._step_threads):
+            return self._compute(z_tilde, targets, side, dropout_seed)
+
+    def _compute(
+        self, z_tilde: Tensor, targets: Tensor, side: Tensor | None, dropout_seed: int
+    ) -> StepOutcome:
         self.model.train()
         seed_dropout(self.model, dropout_seed)
-        z = z_tilde.detach().requires_grad_(True)
+        z = z_tilde.detach().to(self.device).requires_grad_(True)
+        targets, side = self._on_device(targets, side)
         logits = self.model(z, side)
         loss, n = self._loss(logits, targets)
         self.optimizer.zero_grad(set_to_none=True)
@@ -114,14 +136,16 @@ class TopTrainer:
             raise DivergedError(f"non-finite loss ({float(loss.detach())}) or gradient")
         metrics = {"n": float(n), **self._batch_metrics(logits.detach(), targets)}
         self._computed = True
-        return StepOutcome(loss=float(loss.detach()), metrics=metrics, grad=z.grad)
+        (grad,) = to_host([z.grad])  # through pinned memory from a GPU
+        return StepOutcome(loss=float(loss.detach()), metrics=metrics, grad=torch.from_numpy(grad))
 
     def apply_step(self) -> None:
         """The optimizer step on the gradients the last ``compute_step`` left."""
         if not self._computed:
             raise RuntimeError("apply_step without a compute_step before it")
         self._computed = False
-        self.optimizer.step()
+        with threads.intra_op(self._step_threads):
+            self.optimizer.step()
 
     # ------------------------------------------------------------------ serving
 
@@ -129,11 +153,19 @@ class TopTrainer:
     def evaluate(self, z_tilde: Tensor, targets: Tensor, side: Tensor | None) -> EvalOutcome:
         """Forward only: mean loss and metrics (accuracy; AUC for two classes; recall@5)."""
         logits = self._logits(z_tilde, side)
+        labels = targets.numpy()
+        targets, _ = self._on_device(targets, None)
         loss, n = self._loss(logits, targets)
+        if not bool(torch.isfinite(loss)):
+            # finite outputs so large that the loss overflows (+3e38 activations): refused
+            # like outputs that overflow, never answered (and stored) as an infinite loss
+            raise OutputNotFinite(
+                f"the loss is not finite for these activations (largest |z~| = "
+                f"{float(z_tilde.abs().max()):.3g}): their outputs are too large to score"
+            )
         metrics = self._batch_metrics(logits, targets)
         if self.task == "classification" and logits.shape[1] == 2:
-            labels = targets.numpy()
-            scores = torch.softmax(logits, dim=1)[:, 1].numpy()
+            scores = torch.softmax(logits, dim=1)[:, 1].cpu().numpy()
             metrics["auc"] = (
                 float(roc_auc_score(labels, scores))
                 if len(np.unique(labels)) == 2
@@ -145,7 +177,10 @@ class TopTrainer:
     def predict(self, z_tilde: Tensor, side: Tensor | None) -> Tensor:
         """Forward only: (rows, C) probabilities (softmax; sigmoid per tag for multilabel)."""
         logits = self._logits(z_tilde, side)
-        return torch.sigmoid(logits) if self.task == "multilabel" else torch.softmax(logits, 1)
+        probabilities = (
+            torch.sigmoid(logits) if self.task == "multilabel" else torch.softmax(logits, 1)
+        )
+        return probabilities.cpu()
 
     # ------------------------------------------------------------------ state
 
@@ -158,9 +193,17 @@ class TopTrainer:
 
     # ------------------------------------------------------------------ internals
 
+    def _threads(self, z_tilde: Tensor, side: Tensor | None) -> int:
+        """Intra-op threads of a training step on these activations (rows, d)."""
+        if self._macs_per_row is None:
+            one, one_side = self._on_device(z_tilde[:1], None if side is None else side[:1])
+            self._macs_per_row = threads.macs_per_sample(self.model, one, one_side)
+        return threads.choose(self._macs_per_row * int(z_tilde.shape[0]))
+
     def _logits(self, z_tilde: Tensor, side: Tensor | None) -> Tensor:
         """Forward in eval mode; raises ``OutputNotFinite`` when the outputs overflow."""
         self.model.eval()
+        z_tilde, side = self._on_device(z_tilde, side)
         logits: Tensor = self.model(z_tilde, side)
         if not bool(torch.isfinite(logits).all()):
             largest = float(z_tilde.abs().max()) if z_tilde.numel() else 0.0
@@ -169,6 +212,10 @@ class TopTrainer:
                 f"|z~| = {largest:.3g}): they overflow float32 inside the model"
             )
         return logits
+
+    def _on_device(self, x: Tensor, side: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """``x`` and ``side`` on the model's device (the very tensors on a CPU)."""
+        return x.to(self.device), None if side is None else side.to(self.device)
 
     def _loss(self, logits: Tensor, targets: Tensor) -> tuple[Tensor, int]:
         """Mean loss over samples and the number of samples averaged."""

@@ -71,4 +71,4 @@ def correct_gradient(
         weights = chunk_weights(chunk_rows)  # (n, 1)
         if weights.shape[0] != gap.shape[0]:
             raise ValueError(f"chunk rows {list(chunk_rows)} do not add up to {gap.shape[0]} rows")
-        return grad_z_tilde + lam * weights.to(gap.dtype) * gap
+        return grad_z_tilde + lam * weights.to(gap.device, gap.dtype) * gap

@@ -40,12 +40,22 @@ def _rows(n: int, party: str, overlap: float, seed: int) -> np.ndarray:
     return np.sort(np.concatenate([order[:shared], own]))
 
 
-def write_party_a_demo(path: Path, *, overlap: float = 1.0, seed: int = 0) -> Path:
-    """Party A's half: id + the first 20 feature columns."""
+def write_party_a_demo(
+    path: Path,
+    *,
+    overlap: float = 1.0,
+    seed: int = 0,
+    columns: tuple[int, int] = (0, PARTY_A_COLUMNS),
+) -> Path:
+    """Party A's half: id + the first 20 feature columns, or the range ``columns`` of them
+    (start, stop): e.g. (0, 10) and (10, 20) for two feature parties of one run."""
+    start, stop = columns
+    if not 0 <= start < stop <= PARTY_A_COLUMNS:
+        raise ValueError(f"columns must be a range within 0..{PARTY_A_COLUMNS}, got {columns}")
     frame = _frame()
     frame = frame.iloc[_rows(len(frame), "a", overlap, seed)]
     path.parent.mkdir(parents=True, exist_ok=True)
-    frame[["id", *frame.columns[1 : 1 + PARTY_A_COLUMNS]]].to_csv(path, index=False)
+    frame[["id", *frame.columns[1 + start : 1 + stop]]].to_csv(path, index=False)
     return path
 
 

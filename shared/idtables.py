@@ -4,13 +4,15 @@ Both parties key their rows by a sample-id column; ids are always read as string
 ``00123`` on one side and ``123`` on the other are *not* silently equal.
 """
 
+import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["IdTable", "TableError", "read_id_table"]
+__all__ = ["IdTable", "TableError", "check_columns", "read_id_table", "table_columns"]
 
 
 class TableError(ValueError):
@@ -45,8 +47,53 @@ class IdTable:
         return out
 
 
-def read_id_table(path: Path, *, id_column: str) -> IdTable:
-    """Load ``path`` (.csv, .csv.gz, .parquet or .npz) keyed by ``id_column``.
+def table_columns(path: Path) -> list[str] | None:
+    """The column names of a CSV or Parquet table, from its header alone (no row is read);
+    None for an .npz (its arrays are read lazily anyway)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TableError(f"no such file: {path}")
+    name = path.name.lower()
+    try:
+        if name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            return [str(c) for c in pq.read_schema(path).names]
+        if name.endswith((".csv", ".csv.gz", ".tsv", ".tsv.gz")):
+            sep = "\t" if ".tsv" in name else ","
+            return [str(c) for c in pd.read_csv(path, sep=sep, nrows=0).columns]
+    except Exception as exc:  # pandas and pyarrow raise many types for unreadable files
+        raise TableError(f"cannot read {path}: {exc}") from None
+    if name.endswith(".npz"):
+        return None
+    raise TableError(f"unsupported table format {path.suffix!r}: use CSV, Parquet or npz")
+
+
+def check_columns(path: Path, required: dict[str, str]) -> list[str] | None:
+    """TableError naming every missing column (``required``: column -> what it is for, e.g.
+    ``{"id": "id column"}``) with the columns the header has and the closest name, before
+    any row is read. Returns the header (None for an .npz, which is not checked here)."""
+    header = table_columns(path)
+    if header is None:
+        return None
+    missing = [(column, what) for column, what in required.items() if column not in header]
+    if missing:
+        parts = []
+        for column, what in missing:
+            close = [h for h in header if h.lower() == column.lower()]
+            close = close or difflib.get_close_matches(column, header, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            parts.append(f"no {what} {column!r}{hint}")
+        shown = ", ".join(header[:20]) + (
+            f", ... ({len(header)} in all)" if len(header) > 20 else ""
+        )
+        raise TableError(f"{path}: {'; '.join(parts)}; its columns: {shown}")
+    return header
+
+
+def read_id_table(path: Path, *, id_column: str, columns: Sequence[str] | None = None) -> IdTable:
+    """Load ``path`` (.csv, .csv.gz, .parquet or .npz) keyed by ``id_column``; with
+    ``columns``, only those (and the id), after checking the header has them.
 
     An .npz must hold an ``ids`` array (or one named ``id_column``) and 1-D or 2-D arrays with
     one row per id; a 2-D array ``x`` of shape (n, k) becomes columns ``x0 .. x{k-1}`` (pixels
@@ -58,12 +105,17 @@ def read_id_table(path: Path, *, id_column: str) -> IdTable:
     name = path.name.lower()
     if name.endswith(".npz"):
         return _read_npz(path, id_column)
+    wanted = {id_column: "id column"} | dict.fromkeys(columns or (), "column")
+    check_columns(path, wanted)  # a wrong name is told before the rows are read
+    usecols = list(wanted) if columns is not None else None
     try:
         if name.endswith(".parquet"):
-            frame = pd.read_parquet(path)
+            frame = pd.read_parquet(path, columns=usecols)
         elif name.endswith((".csv", ".csv.gz", ".tsv", ".tsv.gz")):
             sep = "\t" if ".tsv" in name else ","
-            frame = pd.read_csv(path, sep=sep, dtype={id_column: str}, keep_default_na=True)
+            frame = pd.read_csv(
+                path, sep=sep, dtype={id_column: str}, keep_default_na=True, usecols=usecols
+            )
         else:
             raise TableError(f"unsupported table format {path.suffix!r}: use CSV, Parquet or npz")
     except TableError:
@@ -74,8 +126,8 @@ def read_id_table(path: Path, *, id_column: str) -> IdTable:
         raise TableError(f"{path} has no id column {id_column!r}; columns: {list(frame.columns)}")
     ids = frame[id_column].astype(str).tolist()
     _check_ids(ids, path)
-    columns = {str(c): frame[c].to_numpy() for c in frame.columns if c != id_column}
-    return IdTable(ids=ids, columns=columns)
+    columns_read = {str(c): frame[c].to_numpy() for c in frame.columns if c != id_column}
+    return IdTable(ids=ids, columns=columns_read)
 
 
 def _read_npz(path: Path, id_column: str) -> IdTable:

@@ -1,5 +1,6 @@
 """Small torch helpers both parties use: optimizers from JSON specs, state dicts as bytes."""
 
+import copy
 import hashlib
 import io
 from collections.abc import Iterable
@@ -57,15 +58,42 @@ def _adagrad(
 
 
 def state_to_bytes(state: dict[str, Any]) -> bytes:
+    """A (model or optimizer) state dict as bytes, its tensors always as CPU tensors: a
+    checkpoint written on a GPU loads on a machine without one (shared.devices). On a CPU
+    run nothing is copied and the bytes are what they always were."""
     buffer = io.BytesIO()
-    torch.save(state, buffer)
+    torch.save(_on_cpu(state), buffer)
     return buffer.getvalue()
 
 
+def _on_cpu(value: Any) -> Any:
+    """``value`` (nested mappings, lists and tuples of tensors and numbers) with every tensor
+    on the CPU. Anything already there is returned as the very same object, and a copied
+    mapping keeps its type and attributes (a state dict's ``_metadata``)."""
+    if isinstance(value, torch.Tensor):
+        return value if value.device.type == "cpu" else value.cpu()
+    if isinstance(value, dict):
+        moved = {k: _on_cpu(v) for k, v in value.items()}
+        if all(moved[k] is v for k, v in value.items()):
+            return value
+        out = copy.copy(value)
+        out.update(moved)
+        return out
+    if isinstance(value, list | tuple):
+        items = [_on_cpu(v) for v in value]
+        if all(m is v for m, v in zip(items, value, strict=True)):
+            return value
+        return type(value)(items)
+    return value
+
+
 def state_from_bytes(data: bytes) -> dict[str, Any]:
+    """The state dict, on the CPU (``load_state_dict`` moves it to the model's device; an
+    optimizer's state follows its parameters)."""
     # weights_only: state read back from disk must never be able to run code (no pickle of
-    # arbitrary objects), even if someone tampered with the database file.
-    loaded: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=True)
+    # arbitrary objects), even if someone tampered with the database file. map_location: a
+    # checkpoint from before state_to_bytes moved tensors to the CPU may hold CUDA tensors.
+    loaded: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     return loaded
 
 

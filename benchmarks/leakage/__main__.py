@@ -1,20 +1,25 @@
-"""How much of party B's labels party A can read from training, per defence: leakage.json.
+"""How much of party B's labels party A can read from training, per policy: leakage.json.
 
     python -m benchmarks.leakage                   # the grid (grid.GRID), every seed
-    python -m benchmarks.leakage --only marvell --merge   # re-run a part, keep the rest
+    python -m benchmarks.leakage --only recommended --merge   # re-run a part, keep the rest
     python -m benchmarks.leakage --smoke           # two 10-step runs per task and seed
     python -m benchmarks.leakage.report            # renders the tables into docs/PRIVACY.md
 
-Every run is real training through the product (``benchmarks.leakage.runs``); the attacks
-(``benchmarks.leakage.attacks``) read the gradients party A decoded from the step replies.
-The JSON holds ``runs``, one record per (task, downlink, defence, seed, attack), and
-``records``, the same over seeds: one per (task, downlink, defence, attack), attack "best"
-being the maximum over the three per seed; ``leak_auc`` (the attacker's AUC, best sign per
-batch), ``model_auc`` (held-out AUC of the trained model, computed by party B),
-``model_auc_undefended`` (the same task, downlink and seed with privacy ``off``), the cost
-between them, each as a mean, a sample standard deviation and the per-seed values, and
-``chance_auc`` (the leak AUC of scores that know nothing: the floor the best-sign rule gives
-for free on these batch sizes). ``--merge`` replaces the runs it re-ran and keeps the others;
+Every run is real training through the product (``benchmarks.leakage.runs``), by an honest
+and by an active party A; the attacks (``benchmarks.leakage.attacks``) read what party A
+decoded from the replies and what it holds itself. The JSON holds ``runs``, one record per
+(task, defence, seed, attack), and ``records``, the same over seeds: one per (task,
+defence, attack), attack "best" being each measure's maximum over the attacks per seed.
+Measures: ``leak_auc`` (pooled attack score against the true labels of the ordinary
+training rows, oracle sign), ``leak_auc_signed`` (the sign from party A's ``predict``
+scores), ``canary_auc`` and ``canary_auc_signed`` (the same on the canaries, whose labels
+are coin flips: what training leaks of a row's own label), ``batch_auc`` (the previous
+benchmark's per-batch measure, per-batch attacks only); ``model_auc`` (held-out AUC on the
+true labels, computed by party B), ``auc_cost`` (per seed, the undefended run's minus this
+one's), ``predict_auc`` (what ``predict``'s scores alone give on the training rows), the
+chance floors, ``epsilon`` and ``auc_bound`` (the label-DP guarantee) and ``default``
+(whether the setting is what new runs get). Each as a mean, a sample standard deviation and
+the per-seed values. ``--merge`` replaces the runs it re-ran and keeps the others;
 ``invocations`` lists every command that contributed.
 """
 
@@ -32,8 +37,8 @@ from benchmarks.common import RESULTS, machine
 from benchmarks.leakage.grid import BASE, SEEDS, aggregate, order, seed_records
 
 
-def _key(record: dict[str, Any]) -> tuple[str, str, str, int, str]:
-    return (record["task"], record["downlink"], record["defence"], record["seed"], record["attack"])
+def _key(record: dict[str, Any]) -> tuple[str, str, int, str]:
+    return (record["task"], record["defence"], record["seed"], record["attack"])
 
 
 def dump(doc: dict[str, Any]) -> str:
@@ -71,10 +76,10 @@ def main() -> None:
     # the long task first, so that the short ones fill in around it
     jobs = [(t, s) for t in sorted(args.tasks, key=lambda t: -BASE[t].steps) for s in args.seeds]
     old = json.loads(args.out.read_text()) if args.merge and args.out.exists() else {}
-    known: dict[tuple[str, int], dict[str, float]] = {}
+    known: dict[tuple[str, int], float] = {}
     for r in old.get("runs", []):
         if r["defence"] == "off" and r["attack"] == "best":
-            known.setdefault((r["task"], r["seed"]), {})[r["downlink"]] = r["model_auc"]
+            known[(r["task"], r["seed"])] = r["model_auc"]
     try:
         with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
             pending = [
@@ -97,7 +102,7 @@ def main() -> None:
         ),
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "seconds": time.time() - started,
-        "runs": len({_key(r)[:4] for r in runs}),
+        "runs": 2 * len({_key(r)[:3] for r in runs}),  # an honest and an active run each
         "loadavg_before": load_before,
         "loadavg_after": list(os.getloadavg()),
     }

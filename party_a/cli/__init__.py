@@ -17,36 +17,55 @@ The token may come from FEDLITE_A_TOKEN and the server from FEDLITE_A_SERVER ins
 (keeps the secret out of the process list); any other FEDLITE_A_* variable is an error.
 Party A's state (checkpoints, step log) lives in ``--state-dir`` (default FEDLITE_A_STATE_DIR,
 else ./fedlite-a-state); ``train`` creates or resumes a run there, ``evaluate``, ``predict``
-and ``finish`` only use one that ``train`` made. Global flags (-v, --version) go anywhere.
+and ``finish`` only use one that ``train`` made. Global flags (-v, --version,
+--torch-threads N) go anywhere.
 
-Exit codes: 0 done; 1 party B refused or could not be reached; 2 a configuration or usage
-error (bad flag, URL, certificate, config file, unknown run), which retrying will not fix.
+Exit codes: 0 done; 1 party B refused the request or could not be reached; 2 a configuration
+or usage error (bad flag, URL, certificate, config file, unknown run, a token party B does
+not accept or whose scope does not cover the command), which retrying will not fix.
 """
 
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 from party_a.cli.parser import build_parser
-from party_a.config import check_environment
-from party_a.errors import ConfigError, FedliteError
+from party_a.errors import ConfigError, FedliteError, Forbidden, Unauthorized
+from party_a.phases import show_phases
 
 __all__ = ["build_parser", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    started = time.monotonic()
     args = build_parser().parse_args(argv)
+    show_phases(sys.stderr, started=started)  # "loading features", "PSI: ...", as they happen
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
     try:
+        from party_a.environment import check_environment
+
         check_environment(os.environ)
+        if args.torch_threads is not None:
+            from shared import threads  # imports torch: only when asked
+
+            threads.pin(args.torch_threads)  # the operator's count wins (shared.threads)
         code: int = args.func(args)
     except ConfigError as exc:
         print(f"fedlite-a {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except (Unauthorized, Forbidden) as exc:
+        # a refused credential does not heal by retrying: exit 2, as for a wrong flag
+        print(
+            f"fedlite-a {args.command}: {exc} (party B's operator issues, renews and scopes "
+            "tokens: fedlite-b token issue)",
+            file=sys.stderr,
+        )
         return 2
     except FedliteError as exc:
         print(f"fedlite-a {args.command}: {exc}", file=sys.stderr)

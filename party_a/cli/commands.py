@@ -7,6 +7,7 @@ Each raises :class:`party_a.errors.FedliteError` (or ValueError / OSError) for
 import argparse
 import csv
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -15,12 +16,13 @@ from typing import TYPE_CHECKING
 from party_a.cli.options import connection, local_runs, run_not_found, session_from_args
 from party_a.cli.report import progress, summary_rows
 from party_a.errors import ConfigError, RunNotFound
+from party_a.phases import phase
 from party_a.session import open_state
-from shared.accounting import compression_report
 
 if TYPE_CHECKING:
     from party_a.store import LocalRun, LocalStore
     from party_a.transport.http import HttpTransport
+    from party_a.transport.parties import PartyTransport
 
 __all__ = [
     "cmd_align",
@@ -42,6 +44,8 @@ __all__ = [
 
 
 def cmd_ratio(args: argparse.Namespace) -> int:
+    from shared.accounting import PAPER_PHI, compression_report  # torch: only for this command
+
     try:
         report = compression_report(
             d=args.d,
@@ -49,7 +53,7 @@ def cmd_ratio(args: argparse.Namespace) -> int:
             q=args.q,
             L=args.L,
             R=args.R,
-            phi=args.phi,
+            phi=args.phi if args.phi is not None else PAPER_PHI,
             codebook_dtype=args.codebook_dtype,
         )
     except ValueError as exc:
@@ -63,24 +67,76 @@ def cmd_ratio(args: argparse.Namespace) -> int:
 
 
 def _transport(
-    args: argparse.Namespace, server: str, token: str, *, timeout: float = 120.0
+    args: argparse.Namespace,
+    server: str,
+    token: str,
+    *,
+    timeout: float = 120.0,
+    local: "LocalRun | None" = None,
 ) -> "HttpTransport":
     """party A's client of party B at ``server``, with the command line's CA bundle and retry
-    budget; ``timeout`` per request, in seconds (the client's default)."""
+    budget; ``timeout`` per request, in seconds (the client's default). For ``local``, a run
+    trained as one feature party of several, that party's routes."""
     from party_a.transport.http import HttpTransport
+    from party_a.transport.parties import PartyTransport
 
+    party = local.config.get("run", {}).get("party") if local is not None else None
+    if party is not None:
+        return PartyTransport(
+            server,
+            token,
+            party=party,
+            ca_bundle=args.ca_bundle,
+            retry_for=args.retry_for,
+            timeout=timeout,
+        )
     return HttpTransport(
-        server, token, ca_bundle=args.ca_bundle, retry_for=args.retry_for, timeout=timeout
+        server,
+        token,
+        ca_bundle=args.ca_bundle,
+        client_cert=args.client_cert,
+        client_key=args.client_key,
+        retry_for=args.retry_for,
+        timeout=timeout,
     )
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Exit 0 when party B answers and accepts the token (the image's health check)."""
+    """Exit 0 when party B answers and accepts the token (the image's health check): an API
+    token, or a feature party's token of a run with several (docs/PROTOCOL.md 12)."""
+    from party_a.errors import Unauthorized
+
     server, token = connection(args)
+    party: dict[str, str] = {}
     with _transport(args, server, token, timeout=10.0) as t:
-        info = t.psi_info()  # authenticated: a revoked token fails here
-    print(json.dumps({"server": server, "ok": True, "party_b_ids": info.size}))
+        try:
+            info = t.psi_info()  # authenticated: a revoked token fails here
+        except Unauthorized as refused:
+            try:
+                me = t.whoami()  # a feature party's token, perhaps
+            except Unauthorized:
+                raise refused from None  # neither: party B's first answer says why
+            with _party_transport(args, server, token, party=me.party) as as_party:
+                info = as_party.psi_info()
+            party = {"run": me.run_id, "party": me.party}
+    print(json.dumps({"server": server, "ok": True, "party_b_ids": info.size, **party}))
     return 0
+
+
+def _party_transport(
+    args: argparse.Namespace, server: str, token: str, *, party: str | None = None
+) -> "PartyTransport":
+    """The transport of the party a party token acts for (``party``, ``--party``, else what
+    the token says: ``GET /v1/party``)."""
+    from party_a.transport.parties import PartyTransport
+
+    party = party or getattr(args, "party", None)
+    if party is None:
+        with _transport(args, server, token, timeout=10.0) as plain:
+            party = plain.whoami().party
+    return PartyTransport(
+        server, token, party=party, ca_bundle=args.ca_bundle, retry_for=args.retry_for
+    )
 
 
 # ====================================================================== align
@@ -93,11 +149,26 @@ def cmd_align(args: argparse.Namespace) -> int:
     server, token = connection(args)
     ids = read_id_table(args.features, id_column=args.id_column).ids
     store = open_state(args.state_dir, create=True)
-    transport = _transport(args, server, token)
+    from party_a.errors import Unauthorized
+
+    transport = (
+        _transport(args, server, token)
+        if getattr(args, "party", None) is None
+        else _party_transport(args, server, token)
+    )
     try:
-        result, cached = private_intersection(
-            ids, transport=transport, store=store, server=server.rstrip("/"), force=args.force
-        )
+        try:
+            result, cached = private_intersection(
+                ids, transport=transport, store=store, server=server.rstrip("/"), force=args.force
+            )
+        except Unauthorized:
+            if getattr(args, "party", None) is not None:
+                raise
+            transport.close()  # a feature party's token? its party's routes
+            transport = _party_transport(args, server, token)
+            result, cached = private_intersection(
+                ids, transport=transport, store=store, server=server.rstrip("/"), force=args.force
+            )
     finally:
         transport.close()
         store.close()
@@ -133,11 +204,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{remote.step}, party A at step {trainer.step}; "
             f"{remote.alignment.aligned if remote.alignment else '?'} aligned samples"
         )
+        if trainer.step < trainer.config.run.steps:
+            phase("training: steps %d to %d", trainer.step + 1, trainer.config.run.steps)
         with progress(console, total=trainer.config.run.steps, start=trainer.step) as on_step:
             trainer.on_step = on_step
             summary = trainer.train()
         metrics: dict[str, float] = {}
         if not args.no_evaluate and len(trainer.eval_pos):
+            phase("evaluating on %s held-out samples", f"{len(trainer.eval_pos):,}")
             answer = trainer.evaluate("eval")
             metrics = {
                 "eval_loss": answer.loss,
@@ -161,7 +235,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             "http_bytes_sent": http[0],
             "http_bytes_received": http[1],
         }
-        Path(args.summary_json).write_text(json.dumps(data, indent=2, default=str) + "\n")
+        text = json.dumps(_json_number(data), indent=2, default=str, allow_nan=False)
+        Path(args.summary_json).write_text(text + "\n")
     return 0
 
 
@@ -171,16 +246,30 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_demo_data(args: argparse.Namespace) -> int:
     from shared.demo_data import write_party_a_demo
 
-    print(write_party_a_demo(args.out, overlap=args.overlap, seed=args.seed))
+    start, sep, stop = str(args.columns).partition(":")
+    if not (sep and start.isdigit() and stop.isdigit()):
+        raise ConfigError(f"--columns takes START:STOP, e.g. 0:10, got {args.columns!r}")
+    columns = (int(start), int(stop))
+    print(write_party_a_demo(args.out, overlap=args.overlap, seed=args.seed, columns=columns))
     return 0
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     with session_from_args(args, create=False) as (trainer, _remote):
+        phase("evaluating the %s split", args.split)
         answer = trainer.evaluate(args.split, raw=args.raw)
     split = f"{args.split}+raw" if args.raw else args.split
-    print(json.dumps({"split": split, "n": answer.n, "loss": answer.loss, **answer.metrics}))
+    shown = {"split": split, "n": answer.n, "loss": answer.loss, **answer.metrics}
+    # a value party B withholds (NaN) is null: JSON has no NaN, and "NaN" breaks parsers
+    print(json.dumps(_json_number(shown)))
     return 0
+
+
+def _json_number(value: object) -> object:
+    """``value`` with every NaN or infinite float (a withheld loss) as None, in dicts too."""
+    if isinstance(value, dict):
+        return {k: _json_number(v) for k, v in value.items()}
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -192,11 +281,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if not ids:
         raise ConfigError("give ids with --ids a,b,c or --ids-file FILE")
     with session_from_args(args, create=False, serving=True) as (trainer, _remote):
+        phase("scoring %s ids", f"{len(ids):,}")
         answer = trainer.predict(ids, raw=args.raw)
     out = open(args.out, "w", newline="") if args.out else sys.stdout  # noqa: SIM115
     try:
         writer = csv.writer(out)
-        writer.writerow(["id", *[f"score_{c}" for c in range(answer.scores.shape[1])]])
+        # the ids under the table's own id column name, so the scores join back onto it
+        header = [args.id_column, *[f"score_{c}" for c in range(answer.scores.shape[1])]]
+        writer.writerow(header)
         for i, row in zip(answer.ids, answer.scores.tolist(), strict=True):
             writer.writerow([i, *[f"{v:.6f}" for v in row]])
     finally:
@@ -228,7 +320,7 @@ def cmd_finish(args: argparse.Namespace) -> int:
         local = store.find_run(server, name)
         if local is None:
             raise run_not_found(RunNotFound(name, server), store, args.state_dir)
-        with _transport(args, server, token) as transport:
+        with _transport(args, server, token, local=local) as transport:
             remote = transport.finish(local.remote_id)
         store.update_run(local.id, status="finished")
     finally:
@@ -253,7 +345,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     store = open_state(args.state_dir, create=False)
     try:
         server, local = _local_run(args, store)
-        with _transport(args, server, connection(args)[1]) as transport:
+        with _transport(args, server, connection(args)[1], local=local) as transport:
             remote = transport.get_run(local.remote_id)
         shown = {
             "party_b": json.loads(remote.model_dump_json(exclude={"alignment_key"})),
@@ -276,7 +368,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     store = open_state(args.state_dir, create=False)
     try:
         server, local = _local_run(args, store)
-        with _transport(args, server, connection(args)[1]) as transport:
+        with _transport(args, server, connection(args)[1], local=local) as transport:
             try:
                 transport.delete_run(local.remote_id)
             except NotFound:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from party_a.errors import ConfigError, RunNotFound
+from party_a.phases import phase
 from party_a.session import describe, open_session, open_state
 
 if TYPE_CHECKING:
@@ -28,11 +29,16 @@ __all__ = ["connection", "local_runs", "overrides", "run_not_found", "session_fr
 
 
 def connection(args: argparse.Namespace) -> tuple[str, str]:
-    """(party B's URL, token) from the flags or FEDLITE_A_SERVER / FEDLITE_A_TOKEN."""
+    """(party B's URL, token) from the flags or FEDLITE_A_SERVER / FEDLITE_A_TOKEN. With a
+    client certificate the token may be empty: party B's operator can make the certificate
+    the credential (docs/DEPLOY.md section 2)."""
     server = args.server or os.environ.get("FEDLITE_A_SERVER")
-    token = args.token or os.environ.get("FEDLITE_A_TOKEN")
-    if not server or not token:
-        raise ConfigError("need --server and --token (or FEDLITE_A_SERVER / FEDLITE_A_TOKEN)")
+    token = args.token or os.environ.get("FEDLITE_A_TOKEN") or ""
+    if not server or not (token or getattr(args, "client_cert", None)):
+        raise ConfigError(
+            "need --server and --token (or FEDLITE_A_SERVER / FEDLITE_A_TOKEN; with mutual "
+            "TLS, --client-cert instead of the token if party B accepts the certificate alone)"
+        )
     return server, token
 
 
@@ -40,6 +46,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Flags that override the config file, as dotted keys."""
     named = {
         "name": "run.name",
+        "party": "run.party",
         "model": "run.model",
         "steps": "run.steps",
         "batch_size": "run.batch_size",
@@ -91,25 +98,39 @@ def run_not_found(error: RunNotFound, store: "LocalStore", state_dir: Path) -> C
 def _config(
     args: argparse.Namespace, store: "LocalStore", server: str, *, create: bool
 ) -> "PartyAConfig":
-    """The run config: --config and flags; for a run that exists, without --config, the
-    config it was trained with (found by --name)."""
+    """The run config: for ``train``, --config and flags; for a run that exists, the config
+    it was trained with, found by --name or by the [run] name of --config (a run trained
+    with ``--steps 20`` on top of run.toml is still the run of run.toml)."""
     from party_a.config import PartyAConfig, load_config
 
-    if create or args.config is not None:
+    if create:
         return load_config(args.config, overrides(args))
-    if not args.name:
+    given = {k: v for k, v in overrides(args).items() if k != "run.name"}
+    name = args.name or (load_config(args.config, {}).run.name if args.config else None)
+    if not name:
         raise ConfigError("give the run with --name NAME (or --config run.toml)")
     server = server.strip().rstrip("/")
-    local = store.find_run(server, args.name)
+    local = store.find_run(server, name)
     if local is None:
-        raise run_not_found(RunNotFound(args.name, server), store, args.state_dir)
-    given = {k: v for k, v in overrides(args).items() if k != "run.name"}
-    if given:
+        raise run_not_found(RunNotFound(name, server), store, args.state_dir)
+    # a flag that repeats the trained value (a party's --party on every command) is no change
+    changed = [key for key, value in given.items() if _dotted(local.config, key) != value]
+    if changed:
         raise ConfigError(
-            f"{', '.join(given)}: a trained run's config cannot change; without --config, "
-            "give only --name"
+            f"{', '.join(changed)}: a trained run's config cannot change; give only --name "
+            "(or --config, whose [run] name finds the run)"
         )
     return PartyAConfig.model_validate(local.config)
+
+
+def _dotted(config: dict[str, Any], key: str) -> Any:
+    """``config``'s value at a dotted key such as ``run.party`` (None where absent)."""
+    value: Any = config
+    for part in key.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
 
 
 @contextmanager
@@ -121,9 +142,17 @@ def session_from_args(
     the run; with ``serving`` (predict) ``--features`` is a serving table, which need not
     hold the training rows, and party A's own state is enough (no view of party B)."""
     server, token = connection(args)
+    phase("checking %s and the run config", args.features)
+    from shared.idtables import check_columns
+
+    # the id column from the header, before the config (whose model check loads torch) and
+    # before any row: a wrong --id-column is told in a second
+    check_columns(args.features, {args.id_column: "id column (--id-column)"})
     store = open_state(args.state_dir, create=create)
     try:
-        config = _config(args, store, server, create=create)
+        config = _config(args, store, server, create=create).on_device(
+            getattr(args, "device", None)
+        )
         with open_session(
             server=server,
             token=token,
@@ -133,6 +162,8 @@ def session_from_args(
             create=create,
             id_column=args.id_column,
             ca_bundle=args.ca_bundle,
+            client_cert=args.client_cert,
+            client_key=args.client_key,
             retry_for=args.retry_for,
         ) as trainer:
             if serving:

@@ -7,7 +7,6 @@ from typing import Any
 
 from party_a.cli import commands
 from party_a.session import state_dir_default
-from shared.accounting import PAPER_PHI
 
 __all__ = ["build_parser"]
 
@@ -23,6 +22,20 @@ def _connection_flags(parser: argparse.ArgumentParser, *, retry_for: float = 300
         type=Path,
         default=os.environ.get("FEDLITE_A_CA_BUNDLE") or None,
         help="CA certificates to trust for party B's TLS certificate (or FEDLITE_A_CA_BUNDLE)",
+    )
+    parser.add_argument(
+        "--client-cert",
+        type=Path,
+        default=os.environ.get("FEDLITE_A_CLIENT_CERT") or None,
+        help="party A's client certificate (PEM) for a party B with mutual TLS "
+        "(or FEDLITE_A_CLIENT_CERT)",
+    )
+    parser.add_argument(
+        "--client-key",
+        type=Path,
+        default=os.environ.get("FEDLITE_A_CLIENT_KEY") or None,
+        help="its private key, unencrypted PEM (or FEDLITE_A_CLIENT_KEY; default: in the "
+        "certificate's file)",
     )
     parser.add_argument(
         "--retry-for",
@@ -64,17 +77,41 @@ def _session_flags(parser: argparse.ArgumentParser) -> None:
     _data_flags(parser)
     parser.add_argument("--config", type=Path, help="run config (TOML); flags override it")
     parser.add_argument("--name", help="run name (config [run] name)")
+    parser.add_argument(
+        "--party",
+        help="this party's name in a run with several feature parties (config [run] party); "
+        "the token is the one party B's operator issued to this party",
+    )
     parser.add_argument("--model", help="split model (config [run] model)")
-    parser.add_argument("--steps", type=int)
-    parser.add_argument("--batch-size", type=int)
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--checkpoint-interval", type=int)
-    parser.add_argument("--eval-fraction", type=float)
+    parser.add_argument("--steps", type=int, help="training steps in all (config [run] steps)")
+    parser.add_argument(
+        "--batch-size", type=int, help="samples per step (per client with the clients schedule)"
+    )
+    parser.add_argument(
+        "--seed", type=int, help="seeds the split, the batches and the model (config [run] seed)"
+    )
+    parser.add_argument(
+        "--checkpoint-interval",
+        type=int,
+        help="steps between checkpoints both parties keep (a restart resumes from one)",
+    )
+    parser.add_argument(
+        "--eval-fraction",
+        type=float,
+        help="share of the aligned samples held out for evaluation, e.g. 0.2",
+    )
     parser.add_argument("--mode", choices=["pq", "raw"], help="pq = FedLite, raw = SplitFed")
-    parser.add_argument("--q", type=int, help="subvectors per activation")
+    parser.add_argument(
+        "--q", type=int, help="subvectors per activation (must divide the cut width)"
+    )
     parser.add_argument("--L", type=int, help="centroids per group")
     parser.add_argument("--R", type=int, help="groups")
     parser.add_argument("--lambda", dest="lam", type=float, help="gradient correction strength")
+    parser.add_argument(
+        "--device",
+        help="where party A computes: cpu (default), cuda, cuda:N or auto; a local choice, "
+        "also for a trained run (config [run] device)",
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -94,7 +131,21 @@ def _global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
         default=False if top else argparse.SUPPRESS,
         help="log retries and recovery",
     )
+    parser.add_argument(
+        "--torch-threads",
+        type=_threads,
+        metavar="N",
+        default=None if top else argparse.SUPPRESS,
+        help="intra-op threads of party A's steps (default: chosen from the bottom model's "
+        "size and the cores)",
+    )
     parser.add_argument("--version", action="version", version=f"fedlite-a {_version()}")
+
+
+def _threads(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a thread count is an integer >= 1, got {text!r}")
+    return int(text)
 
 
 def _version() -> str:
@@ -154,8 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedlite-a",
         description="FedLite-VFL party A: the feature holder's trainer.",
-        epilog="Exit codes: 0 done; 1 party B refused or could not be reached; 2 a "
-        "configuration or usage error (retrying will not fix it).",
+        epilog="Exit codes: 0 done; 1 party B refused the request or could not be reached; "
+        "2 a configuration or usage error, or a token party B does not accept (retrying "
+        "will not fix it).",
     )
     _global_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -171,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     _data_flags(align)
     align.add_argument("--force", action="store_true", help="rerun even when cached")
     align.add_argument("--ids-out", type=Path, help="also write the common ids, one a line")
+    align.add_argument("--party", help="a feature party of a run with several: its name")
     align.set_defaults(func=commands.cmd_align)
 
     check = _add(
@@ -181,7 +234,19 @@ def build_parser() -> argparse.ArgumentParser:
     _connection_flags(check, retry_for=5.0)
     check.set_defaults(func=commands.cmd_check)
 
-    train = _add(sub, "train", help="train (or resume) a run with party B")
+    train = _add(
+        sub,
+        "train",
+        help="train (or resume) a run with party B",
+        description="Create the run at party B (or find it again by its [run] name), align "
+        "the ids (private set intersection), train, evaluate on the held-out split at party B "
+        "and finish. Run the same command again after an interruption: it resumes. Flags "
+        "override the --config file; every config key is in party_a/config.py.",
+        epilog="example:\n  fedlite-a train --server https://partyb.example.org:8443 "
+        "--ca-bundle ca.crt \\\n    --features features.csv --id-column customer_id "
+        "--config run.toml --steps 300\n(the token from FEDLITE_A_TOKEN; see docs/DEPLOY.md)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _session_flags(train)
     train.add_argument("--no-evaluate", action="store_true", help="skip the held-out evaluation")
     train.add_argument("--no-finish", action="store_true", help="leave the run open at party B")
@@ -216,6 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "demo-data", help="write party A's half of the bundled breast-cancer demo data (CSV)"
     )
     demo.add_argument("--out", type=Path, default=Path("party_a_features.csv"))
+    demo.add_argument(
+        "--columns",
+        default="0:20",
+        help="START:STOP of party A's 20 columns, e.g. 0:10 and 10:20 for two feature parties",
+    )
     _overlap_flags(demo)
     demo.set_defaults(func=commands.cmd_demo_data)
 
@@ -232,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     ratio.add_argument("--L", type=int, required=True, help="centroids per group")
     ratio.add_argument("--R", type=int, default=1, help="groups (default 1)")
     ratio.add_argument(
-        "--phi", type=int, default=PAPER_PHI, help="bits per float in the paper's formula"
+        "--phi", type=int, help="bits per float in the paper's formula (default: its 64)"
     )
     ratio.add_argument("--codebook-dtype", choices=["float32", "float16"], default="float32")
     ratio.set_defaults(func=commands.cmd_ratio)

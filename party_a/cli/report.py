@@ -1,16 +1,27 @@
 """What ``fedlite-a train`` shows: a progress bar (or log lines) and the closing summary.
 
 Nothing here is shown before it is known: the bar's loss and ratio read "-" until the first
-step of this session has come back, instead of a made-up ``loss 0.0000``.
+step of this session has come back, instead of a made-up ``loss 0.0000``; a loss party B's
+label-privacy policy withholds (NaN on the wire, docs/PROTOCOL.md 4.2.2) reads "withheld by
+party B", never ``nan``, which reads as a diverged run.
 """
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["human_bytes", "progress", "summary_rows"]
+__all__ = ["WITHHELD", "human_bytes", "loss_text", "progress", "summary_rows"]
 
 NOT_YET = "-"
+WITHHELD = "withheld by party B"
+
+
+def loss_text(loss: float | None) -> str:
+    """A loss as the CLI shows it: four decimals, or why there is none."""
+    if loss is None or math.isnan(loss):
+        return WITHHELD  # the run's metrics policy (a diverged step is refused, never shown)
+    return f"{loss:.4f}"
 
 
 @contextmanager
@@ -27,7 +38,7 @@ def progress(console: Any, *, total: int, start: int) -> Iterator[Callable[[Any,
     def report(result: Any, summary: Any) -> None:
         if result.step % every == 0 or result.step == total:
             console.print(
-                f"step {result.step}/{total} loss {result.loss:.4f} "
+                f"step {result.step}/{total} loss {loss_text(result.loss)} "
                 f"sent {human_bytes(summary.bytes_sent)} "
                 f"({summary.compression:.0f}x less than SplitFed)"
             )
@@ -63,7 +74,7 @@ def _bar(console: Any, *, total: int, start: int) -> Iterator[Callable[[Any, Any
         bar.update(
             task,
             completed=result.step,
-            loss=f"{result.loss:.4f}",
+            loss=loss_text(result.loss),
             sent=human_bytes(summary.bytes_sent),
             ratio=f"{summary.compression:.0f}x",
         )
@@ -83,7 +94,7 @@ def summary_rows(
     rows: list[tuple[str, str]] = [
         ("run", summary.run_id),
         ("steps", f"{summary.last_step} / {summary.steps}"),
-        ("last batch loss", f"{summary.last_loss:.4f}"),
+        ("last batch loss", loss_text(summary.last_loss)),
         ("uplink bytes (steps)", f"{summary.bytes_sent:,}"),
         ("SplitFed would send", f"{summary.raw_bytes:,}"),
         ("compression", f"{summary.compression:.1f}x"),
@@ -94,7 +105,7 @@ def summary_rows(
         ("rollbacks", str(summary.rollbacks)),
         ("time", f"{summary.seconds:.1f} s"),
     ]
-    rows += [(k.replace("_", " "), f"{v:.4f}") for k, v in metrics.items()]
+    rows += [(k.replace("_", " "), loss_text(v)) for k, v in metrics.items()]
     return rows
 
 

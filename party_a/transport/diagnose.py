@@ -2,9 +2,15 @@
 
 Party A retries what time can heal (party B restarting, a dropped connection, a 503) and
 stops at once at what it cannot: a URL without a scheme, plain HTTP sent to party B's TLS
-port, TLS sent to a plain HTTP port, or a certificate that fails verification. Each of those
+port, TLS sent to a plain HTTP port, a certificate that fails verification, or a party B
+with mutual TLS that refuses party A's client certificate (or its absence). Each of those
 gets a message that names the fix; the hints are kept apart by what OpenSSL reports (an
 unknown CA and a host-name mismatch need different fixes).
+
+A party B that refuses a client certificate closes the connection without a TLS alert
+(Python's asyncio TLS server sends none), which httpx reports as "Server disconnected": a
+probe then asks ``GET /healthz`` over a fresh TLS connection with the same certificate. A
+party B that answers nothing there, though it speaks TLS, refuses the certificate.
 """
 
 import socket
@@ -19,7 +25,13 @@ import httpx
 
 from party_a.errors import ConfigError
 
-__all__ = ["TlsProbe", "check_base_url", "configuration_fault", "speaks_tls"]
+__all__ = [
+    "TlsProbe",
+    "check_base_url",
+    "configuration_fault",
+    "refuses_client",
+    "speaks_tls",
+]
 
 E = TypeVar("E", bound=BaseException)
 
@@ -79,6 +91,29 @@ def speaks_tls(host: str, port: int, timeout: float = 3.0) -> bool:
         return False
 
 
+def refuses_client(
+    host: str, port: int, client_cert: Path | None, client_key: Path | None, timeout: float = 3.0
+) -> bool:
+    """Whether a TLS server on ``host:port`` closes the connection on ``GET /healthz`` sent
+    with this client certificate (or none): it requires one it accepts (mutual TLS)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        if client_cert is not None:
+            context.load_cert_chain(str(client_cert), str(client_key) if client_key else None)
+        with (
+            socket.create_connection((host, port), timeout=timeout) as sock,
+            context.wrap_socket(sock, server_hostname=host) as tls,
+        ):
+            tls.sendall(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            return tls.recv(16) == b""
+    except ssl.SSLError as exc:
+        return exc.reason not in _NOT_TLS  # closed in the handshake (TLS 1.2)
+    except OSError:
+        return False
+
+
 class TlsProbe:
     """Whether party B's port speaks TLS, asked at most once per client, and only until an
     HTTP answer has come from it.
@@ -102,12 +137,16 @@ class TlsProbe:
         self._settled = True
 
     def __call__(self, host: str, port: int) -> bool:
+        return self.ask(lambda: self._probe(host, port))
+
+    def ask(self, probe: Callable[[], bool]) -> bool:
+        """``probe()``, the first time only and only before any HTTP answer; else False."""
         with self._lock:
             if self._settled:
                 return False
             self._settled = True
             self.probes += 1
-            return self._probe(host, port)
+            return probe()
 
 
 def configuration_fault(
@@ -115,11 +154,16 @@ def configuration_fault(
     base_url: httpx.URL,
     ca_bundle: Path | None,
     probe: Callable[[str, int], bool] = speaks_tls,
+    *,
+    client_cert: Path | None = None,
+    client_key: Path | None = None,
 ) -> str | None:
     """What is misconfigured, with the fix, when ``exc`` cannot heal by retrying; else None.
 
     ``probe(host, port)``: whether the port speaks TLS, asked when plain HTTP got a reset or
-    a garbled answer (a :class:`TlsProbe` asks at most once per client)."""
+    a garbled answer (a :class:`TlsProbe` asks at most once per client). Over HTTPS such a
+    fault asks instead whether party B refuses the client certificate (the same probe
+    object, so again at most once)."""
     if isinstance(exc, httpx.UnsupportedProtocol):
         return f"{exc}; party B's URL must start with https:// or http://"
     verify = _find(exc, ssl.SSLCertVerificationError)
@@ -142,7 +186,33 @@ def configuration_fault(
             f"http://: use https://{base_url.host}:{_port(base_url)} (with --ca-bundle if its "
             "CA is a private one)"
         )
+    if (
+        base_url.scheme == "https"
+        and isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError)
+        and _asks(
+            probe, lambda: refuses_client(base_url.host, _port(base_url), client_cert, client_key)
+        )
+    ):
+        where = f"{base_url.host}:{_port(base_url)}"
+        if client_cert is None:
+            return (
+                f"party B at {where} closes every connection without a client certificate: "
+                "it requires mutual TLS. Pass party A's certificate and key with "
+                "--client-cert / --client-key (or FEDLITE_A_CLIENT_CERT / FEDLITE_A_CLIENT_KEY)"
+            )
+        return (
+            f"party B at {where} refuses the client certificate {client_cert}: it must be "
+            "signed by a CA party B trusts (its --ssl-ca-certs), be valid now and allow client "
+            "authentication (extendedKeyUsage clientAuth); check with party B's operator"
+        )
     return None
+
+
+def _asks(probe: Callable[[str, int], bool], question: Callable[[], bool]) -> bool:
+    """``question()`` through a :class:`TlsProbe` (once per client), or directly."""
+    if isinstance(probe, TlsProbe):
+        return probe.ask(question)
+    return question()
 
 
 def _certificate_hint(

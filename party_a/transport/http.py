@@ -17,7 +17,6 @@ verification raise :class:`party_a.errors.ConfigError` at once, each with the fi
 import json
 import logging
 import random
-import ssl
 import time
 import uuid
 from collections.abc import Callable
@@ -27,10 +26,11 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from api_schemas import AlignmentIn, AlignmentOut, PsiInfo, ResumeIn, RunCreate, RunOut
+from api_schemas import AlignmentIn, AlignmentOut, PartyOut, PsiInfo, ResumeIn, RunCreate, RunOut
 from api_schemas.problems import MSGPACK_CONTENT_TYPE, PROBLEM_CONTENT_TYPE
 from party_a.errors import ConfigError, ProtocolError, TransportError, problem_from_body
 from party_a.transport.diagnose import TlsProbe, check_base_url, configuration_fault
+from party_a.transport.tls import tls_context
 
 __all__ = ["HttpTransport"]
 
@@ -48,16 +48,22 @@ class HttpTransport:
         token: str,
         *,
         ca_bundle: Path | None = None,
+        client_cert: Path | None = None,
+        client_key: Path | None = None,
         timeout: float = 120.0,
         retry_for: float = 300.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._ca_bundle = ca_bundle
+        self._client_cert = client_cert
+        self._client_key = client_key
         self._client = httpx.Client(
             base_url=check_base_url(base_url),
-            headers={"Authorization": f"Bearer {token}", "User-Agent": "fedlite-a/1"},
+            # no token: party B knows party A by its client certificate alone (mutual TLS)
+            headers={"User-Agent": "fedlite-a/1"}
+            | ({"Authorization": f"Bearer {token}"} if token else {}),
             timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
-            verify=_trust(ca_bundle),
+            verify=tls_context(ca_bundle, client_cert, client_key),
         )
         self._retry_for = retry_for
         self._sleep = sleep
@@ -92,6 +98,10 @@ class HttpTransport:
     def get_run(self, run_id: str) -> RunOut:
         return self._json("GET", f"/v1/runs/{run_id}", RunOut)
 
+    def whoami(self) -> PartyOut:
+        """What a feature party's token acts for (docs/PROTOCOL.md section 12.3)."""
+        return self._json("GET", "/v1/party", PartyOut)
+
     def align(self, run_id: str, hashed_ids: list[str]) -> AlignmentOut:
         body = AlignmentIn(hashed_ids=hashed_ids)
         return self._json("POST", f"/v1/runs/{run_id}/alignment", AlignmentOut, body=body)
@@ -116,6 +126,10 @@ class HttpTransport:
 
     def psi(self, body: bytes) -> bytes:
         return self._msgpack("/v1/psi", body)
+
+    def align_keys(self, run_id: str, body: bytes) -> bytes:
+        """The alignment in binary (shared.alignkeys): an AlignRequest in, an AlignReply out."""
+        return self._msgpack(f"/v1/runs/{run_id}/alignment/keys", body)
 
     def step(self, run_id: str, body: bytes) -> bytes:
         return self._msgpack(f"/v1/runs/{run_id}/steps", body)
@@ -176,7 +190,12 @@ class HttpTransport:
                 failure = f"{type(exc).__name__}: {exc}"
                 # a wrong URL or certificate does not heal by waiting: fail now, with the fix
                 fault = configuration_fault(
-                    exc, self._client.base_url, self._ca_bundle, probe=self.tls_probe
+                    exc,
+                    self._client.base_url,
+                    self._ca_bundle,
+                    probe=self.tls_probe,
+                    client_cert=self._client_cert,
+                    client_key=self._client_key,
                 )
                 if fault is not None:
                     raise ConfigError(f"{method} {path}: {fault}") from None
@@ -209,21 +228,6 @@ class HttpTransport:
             f"HTTP {response.status_code} from party B without problem+json: "
             f"{response.text[:200]!r}"
         )
-
-
-def _trust(ca_bundle: Path | None) -> ssl.SSLContext | bool:
-    """The TLS trust for party B: the system's CAs, or only those of ``ca_bundle``."""
-    if ca_bundle is None:
-        return True
-    try:
-        return ssl.create_default_context(cafile=str(ca_bundle))
-    except FileNotFoundError:
-        raise ConfigError(f"CA bundle {ca_bundle} does not exist (--ca-bundle)") from None
-    except (ssl.SSLError, OSError) as exc:
-        raise ConfigError(
-            f"CA bundle {ca_bundle} is not a PEM file of CA certificates ({exc}); "
-            "pass the certificate of the CA that signed party B's certificate"
-        ) from None
 
 
 def _media(response: httpx.Response) -> str:

@@ -6,6 +6,8 @@
     deps.py        the caller (bearer token), the service, worker threads, msgpack responses
     problems.py    every error rendered as problem+json
     middleware.py  body size limit (413) and per-route request metrics
+    lifecycle.py   starting / serving / draining; requests and steps in flight (503 when draining)
+    readiness.py   GET /readyz's database check (liveness, /healthz, asks nothing)
 
 Routes only translate HTTP to calls of ``party_b.service.Service``.
 """

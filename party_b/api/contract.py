@@ -38,8 +38,9 @@ MSGPACK = MSGPACK_CONTENT_TYPE
 _ALSO_ACCEPTED = {MSGPACK: {"application/x-msgpack"}}  # a common older name
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 
-# Problems every authenticated route can answer, and every route with a body.
-AUTHENTICATED = (ProblemType.UNAUTHORIZED,)
+# Problems every authenticated route can answer (401; 403 for a token outside its scope,
+# party_b.access; 503 while party B drains: party_b.api.lifecycle), and every route with a body.
+AUTHENTICATED = (ProblemType.UNAUTHORIZED, ProblemType.FORBIDDEN, ProblemType.UNAVAILABLE)
 WITH_BODY = (ProblemType.PAYLOAD_TOO_LARGE, ProblemType.UNSUPPORTED_MEDIA_TYPE)
 
 
@@ -89,6 +90,10 @@ def contract(
         if status == 401:
             responses[status]["headers"] = {
                 "WWW-Authenticate": {"description": "`Bearer`", "schema": {"type": "string"}}
+            }
+        if status == 503:
+            responses[status]["headers"] = {
+                "Retry-After": {"description": "seconds", "schema": {"type": "integer"}}
             }
     return {"openapi_extra": extra or None, "responses": responses, **kwargs}
 

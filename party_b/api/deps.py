@@ -1,21 +1,22 @@
-"""What routes depend on: the caller (bearer token), the service, worker threads, msgpack."""
+"""What routes depend on: the caller (bearer token and/or client certificate) allowed to do
+the route's action, the service, worker threads, msgpack."""
 
 from collections.abc import Callable
 from functools import partial
-from typing import Annotated, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import anyio
 from fastapi import Depends, Request, Response, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
-from api_schemas import ProblemType
-from party_b import auth
+from party_b import audit
+from party_b.access import Action, Identity, authorize, identify
 from party_b.api.contract import MSGPACK
 from party_b.errors import ProblemError
 from party_b.service import Caller, Service
 
-__all__ = ["CallerDep", "ServiceDep", "in_thread", "msgpack"]
+__all__ = ["CallerDep", "ServiceDep", "allowed", "client_subject", "in_thread", "msgpack"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -30,21 +31,69 @@ _BEARER = HTTPBearer(
 )
 
 
-def _caller(
+async def _caller(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)],
 ) -> Caller:
-    """The token of ``Authorization: Bearer <token>``, looked up on every request (so a
-    revoked token stops working at once); 401 otherwise."""
-    token = credentials.credentials if credentials is not None else ""
-    if not token.strip():
-        raise ProblemError(ProblemType.UNAUTHORIZED, "send 'Authorization: Bearer <token>'")
+    """The caller of ``Authorization: Bearer <token>`` and, with mutual TLS, the client
+    certificate; looked up on every request (so a revoked or expired token stops working at
+    once); 401 otherwise (``party_b.access.identify``).
+
+    On SQLite the lookup (reads by an index; in WAL mode a reader waits for no writer) runs on
+    the event loop: as a sync dependency it went to a worker thread and back, two thread
+    wake-ups per request that cost more than the read, milliseconds each on a loaded machine
+    (docs/PERFORMANCE.md, "The floor"). On a database across the network it still runs in a
+    worker thread, where its round trip blocks nothing else."""
+    token = credentials.credentials.strip() if credentials is not None else ""
     sessions: sessionmaker[Session] = request.app.state.sessions
+    lookup = partial(_identify, sessions, Identity(token or None, client_subject(request)))
+    return lookup() if _local(sessions) else await anyio.to_thread.run_sync(lookup)
+
+
+def _identify(sessions: sessionmaker[Session], identity: Identity) -> Caller:
     with sessions() as session:
-        row = auth.authenticate(session, token.strip())
-    if row is None:
-        raise ProblemError(ProblemType.UNAUTHORIZED, "unknown or revoked token")
-    return Caller(token_id=row.id, name=row.name)
+        return identify(session, identity)
+
+
+def _local(sessions: sessionmaker[Session]) -> bool:
+    """Whether the sessions' database is an SQLite file (read in microseconds, no network)."""
+    bind = sessions.kw.get("bind")
+    return bind is not None and bind.dialect.name == "sqlite"
+
+
+def client_subject(request: Request) -> str | None:
+    """The verified client certificate's subject (RFC 4514), from the ASGI TLS extension
+    (``party_b.ops.mtls`` fills it in for uvicorn); None without mutual TLS."""
+    tls = request.scope.get("extensions", {}).get("tls") or {}
+    name = tls.get("client_cert_name")
+    return name if isinstance(name, str) and name else None
+
+
+class _Allowed:
+    """The dependency of a route doing ``action``: the caller, if its scopes allow it."""
+
+    def __init__(self, action: Action) -> None:
+        self.action = action
+
+    async def __call__(
+        self, request: Request, caller: Annotated[Caller, Depends(_caller)]
+    ) -> Caller:
+        # async: the scope check is arithmetic on the caller, no reason for a thread hop
+        try:
+            authorize(caller, self.action)
+        except ProblemError:
+            # a known caller trying what its scope does not cover: the operator should know
+            run_id = request.path_params.get("run_id")
+            record = partial(audit.record, request.app.state.sessions, caller, self.action, run_id)
+            await anyio.to_thread.run_sync(partial(record, outcome="refused"))
+            raise
+        return caller
+
+
+def allowed(action: Action) -> Any:
+    """``who: Annotated[Caller, allowed(Action.PREDICT)]``: authenticated (401) and within
+    its scope (403), before the body or the run is looked at."""
+    return Depends(_Allowed(action))
 
 
 def _service(request: Request) -> Service:

@@ -7,23 +7,29 @@ in worker threads so the event loop keeps serving other runs, health checks and 
 
 import importlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
 from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from party_b import auth
 from party_b.api.docs_ui import install_docs
+from party_b.api.lifecycle import InFlightMiddleware, Lifecycle
 from party_b.api.middleware import BodyLimitMiddleware, MetricsMiddleware
 from party_b.api.openapi import install_openapi
 from party_b.api.problems import install_problem_handlers
+from party_b.api.readiness import DatabaseProbe
 from party_b.api.routes import ROUTERS
 from party_b.dashboard import RunCollector, install_dashboard
+from party_b.drain import checkpoint_live_runs
 from party_b.labels import LabelSource, load_label_table
 from party_b.metrics import Metrics
+from party_b.privacy import PrivacyPolicy
 from party_b.service import LiveBounds, build_service
 from party_b.settings import Settings, parse_token_list
 from party_b.store import make_engine, make_session_factory
@@ -36,7 +42,19 @@ log = logging.getLogger("fedlite.party_b")
 
 def create_app(settings: Settings, *, labels: LabelSource | None = None) -> FastAPI:
     """Build party B: database, label table, tokens, service, routes."""
-    labels = labels if labels is not None else load_labels(settings)
+    if labels is None:
+        log.info("loading the label table %s", settings.labels or settings.label_source)
+        started = time.perf_counter()
+        labels = load_labels(settings)
+        labelled = labels.labeled
+        log.info(
+            "label table: %d ids (%d labelled), %d classes, %d feature columns (%.1f s)",
+            len(labels.ids),
+            len(labels.ids) if labelled is None else int(labelled.sum()),
+            labels.num_outputs,
+            labels.side_width,
+            time.perf_counter() - started,
+        )
     engine, sessions = open_database(settings)
     metrics = Metrics()
     service = build_service(
@@ -49,13 +67,19 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
         step_hold=settings.step_hold_seconds,
         bounds=LiveBounds(settings.max_live_runs, settings.max_live_bytes),
         replica_id=settings.replica_id,
+        party_wait=settings.party_wait_seconds,
     )
-    log.info("label privacy of new runs: %s", service.context.privacy.describe())
+    log_privacy(service.context.privacy, explicit="privacy" in settings.model_fields_set)
     service.runs.recover()  # logs, per training run, the step it resumes from
+    lifecycle = Lifecycle(metrics.registry)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        lifecycle.serving()  # /readyz may say ready from now on
         yield
+        lifecycle.drain()  # already, after fedlite-b serve's SIGTERM drain (party_b.drain)
+        # every live run resumes where it stopped, here or on another replica
+        await anyio.to_thread.run_sync(checkpoint_live_runs, service)
         checkpoint_wal(engine)  # on SIGTERM: the .sqlite file alone then holds every row
         engine.dispose()
 
@@ -70,18 +94,49 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     app.state.service = service
     app.state.sessions = sessions
     app.state.metrics = metrics
+    app.state.lifecycle = lifecycle
+    app.state.database_probe = DatabaseProbe(engine)
     app.state.limiter = anyio.CapacityLimiter(settings.worker_threads)
     for router in ROUTERS:
         app.include_router(router)
-    metrics.registry.register(RunCollector(service))  # per-run progress on /metrics
+    # per-run series on /metrics, for the operator's credential only (routes/ops.py)
+    app.state.run_registry = CollectorRegistry(auto_describe=True)
+    app.state.run_registry.register(
+        RunCollector(service, label_series=settings.metrics_label_series)
+    )
     install_dashboard(app, settings, service)  # only with FEDLITE_B_DASHBOARD_TOKEN set
     install_problem_handlers(app)
     install_openapi(app)
     install_docs(app)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.limits.max_body_bytes)
+    # outside the body limit: a draining party B refuses a request before reading its body
+    app.add_middleware(InFlightMiddleware, lifecycle=lifecycle)
     # Outermost, so that it also counts what BodyLimitMiddleware refuses (route "unmatched").
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
+
+
+def log_privacy(policy: PrivacyPolicy, *, explicit: bool) -> None:
+    """Say at start-up what new runs get; ``off`` is the operator's choice, and logged so."""
+    epsilon = policy.epsilon
+    guarantee = f"label-DP epsilon {epsilon:g} per run" if epsilon is not None else "no bound"
+    log.info(
+        "label privacy of new runs: %s (%s; %s)",
+        policy.describe(),
+        guarantee,
+        "set by FEDLITE_B_PRIVACY / --privacy" if explicit else "the default",
+    )
+    if policy.is_off:
+        log.warning(
+            "label privacy is OFF for new runs, by the operator's choice: party A can read "
+            "party B's labels off the step gradients (docs/PRIVACY.md)"
+        )
+    elif epsilon is None:
+        log.warning(
+            "new runs get no label-DP bound (%s): their protection is empirical only "
+            "(docs/PRIVACY.md)",
+            policy.describe(),
+        )
 
 
 def load_labels(settings: Settings) -> LabelSource:

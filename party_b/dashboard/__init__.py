@@ -4,13 +4,15 @@
     reports.py      what the page reads: runs of every token, server health, one run's curves
     health.py       memory and per-route latency, from party B's Prometheus registry
     compression.py  the raw float32 baseline of a run's compression ratio
-    prometheus.py   RunCollector: per-run progress, loss and traffic on /metrics
+    prometheus.py   RunCollector: per-run progress and traffic on /metrics, for the operator
+                    (loss, accuracy and evaluations only if FEDLITE_B_METRICS_LABEL_SERIES)
     routes.py       /dashboard/ (the page) and /dashboard/api/* (JSON, credential required)
     static/         index.html, dashboard.js, charts.js (inline SVG), dashboard.css: served
                     from the package, no build step, nothing from another host
 
 The dashboard is off unless the operator sets ``FEDLITE_B_DASHBOARD_TOKEN``
-(docs/DEPLOY.md, section 4); the per-run metrics are on ``/metrics`` either way.
+(docs/DEPLOY.md, section 4); the same credential opens the per-run series of ``/metrics``
+(without it, ``/metrics`` carries the process's metrics only: nothing run-specific).
 """
 
 import logging
@@ -34,11 +36,13 @@ def install_dashboard(app: FastAPI, settings: Settings, service: Service) -> boo
     """Serve the dashboard on ``app`` if the operator set its credential; whether it did.
 
     Raises StartupError when the credential is also an API token party B holds."""
+    app.state.operator = None  # /metrics: no per-run series without the credential
     if settings.dashboard_token is None:
         return False
     credential = OperatorCredential(settings.dashboard_token.get_secret_value())
     with service.context.sessions() as session:
         credential.refuse_if_a_token(session)
+    app.state.operator = credential
     reports = Reports(service, started_at=datetime.now(UTC))
     app.include_router(dashboard_router(reports, credential))
     log.info("operator dashboard at /dashboard/ (FEDLITE_B_DASHBOARD_TOKEN opens it)")

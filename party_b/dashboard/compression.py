@@ -45,7 +45,9 @@ def raw_step_bytes(config: RunCreate, rows_of_a_sample: int) -> int | None:
     """Bytes of one raw float32 step request of the run (None under the clients schedule)."""
     if config.schedule.kind != "shuffle":
         return None
-    return _raw_bytes(config.cut_dim, config.batch_size * rows_of_a_sample)
+    # a run with parties: each party's raw request of its own width d_p
+    rows = config.batch_size * rows_of_a_sample
+    return sum(_raw_bytes(p.cut_dim, rows) for p in config.feature_parties())
 
 
 _ENCODED_UP_TO = 2**24  # floats; past that, payload + the headers of a 16 M float message

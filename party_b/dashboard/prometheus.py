@@ -1,11 +1,16 @@
-"""Per-run progress, loss and traffic on ``/metrics``, read from the store at scrape time.
+"""Per-run progress, traffic and (opted in) loss on ``/metrics``, read from the store at
+scrape time.
 
 What the dashboard shows of each run, as Prometheus gauges, so that a Grafana board
 (docker/grafana-dashboard.json) can show the same. Every series carries ``run_id``, ``name``
 and ``owner`` (the token name); runs in training or created are exported, and finished runs
 for a day after they finished, at most ``MAX_RUNS_SHOWN`` of them: the series of a run stop
 when it leaves that set. A scrape costs a handful of grouped queries whatever the number of
-runs. This collector is registered whether or not the dashboard is enabled.
+runs. This collector sits on a registry of its own, which ``/metrics`` adds only for the
+operator's credential (``party_b.api.routes.ops``). The series computed from labels (last
+step's loss and accuracy, evaluations) are exported only with ``label_series``
+(``FEDLITE_B_METRICS_LABEL_SERIES``): they are what the run's privacy policy withholds from
+party A, and a monitoring system is one more place to keep them from.
 """
 
 import logging
@@ -33,9 +38,10 @@ RUN = ["run_id", "name", "owner"]
 class RunCollector(Collector):
     """A prometheus_client collector over a party B's runs (registered on its own registry)."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, *, label_series: bool = False) -> None:
         self._service = service
         self._baseline = RawBaseline(service.context.labels)
+        self._label_series = label_series
 
     def collect(self) -> Iterator[Metric]:
         try:
@@ -63,13 +69,13 @@ class RunCollector(Collector):
             labels = [row.id, row.name, row.owner]
             gauges.run(row, labels)
             step = last.get(row.id)
-            if step is not None:
+            if step is not None and self._label_series:
                 gauges.last_step(labels, step.loss, step.accuracy)
             sums = totals.get(row.id)
             if sums is not None:
                 raw = self._baseline.per_step(configs[row.id])
                 gauges.traffic(labels, sums, raw)
-            for result in evaluations.get(row.id, []):
+            for result in evaluations.get(row.id, []) if self._label_series else []:
                 gauges.evaluation(labels, result.split, result.loss, result.metrics)
         for status in RunStatus:
             gauges.runs.add_metric([status.value], by_status.get(status.value, 0))

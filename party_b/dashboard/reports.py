@@ -20,8 +20,10 @@ from party_b import store
 from party_b.dashboard.compression import RawBaseline
 from party_b.dashboard.health import RouteLatency, latency_by_route, memory_bytes
 from party_b.errors import ProblemError
+from party_b.privacy.accounting import run_privacy_json
 from party_b.service import Service
 from party_b.store import overview
+from party_b.store import parties as party_store
 
 __all__ = ["MAX_POINTS", "MAX_RUNS_SHOWN", "Reports", "RunRow", "run_rows"]
 
@@ -105,6 +107,23 @@ class Traffic:
 
 
 @dataclass(frozen=True)
+class PartyTraffic:
+    """One feature party of a run with several (docs/PROTOCOL.md 12): its width, quantizer
+    and downlink, and its bytes over the run's applied steps (its requests in, its answers
+    out), in total and per step."""
+
+    name: str
+    cut_dim: int
+    quantizer: str  # "pq q=4 L=16" or "raw"
+    downlink: str
+    steps: int
+    up_total: int
+    down_total: int
+    up_per_step: float | None
+    down_per_step: float | None
+
+
+@dataclass(frozen=True)
 class RunReport:
     run: RunRow
     config: dict[str, Any]
@@ -114,6 +133,9 @@ class RunReport:
     width: int  # steps per point of the curves
     points: list[Point]
     evaluations: list[dict[str, Any]] = field(default_factory=list)
+    # the run's label-privacy policy and epsilon, and its token's spend and budget
+    privacy: dict[str, Any] = field(default_factory=dict)
+    parties: list[PartyTraffic] = field(default_factory=list)  # a run with several
 
 
 class Reports:
@@ -165,6 +187,8 @@ class Reports:
                 | {"metrics": e.metrics, "created_at": overview.as_utc(e.created_at)}
                 for e in store.eval_results(session, run_id)
             ]
+            privacy = run_privacy_json(session, run_id, found[0][0].owner_id)
+            parties = _parties(config, party_store.party_traffic(session, run_id))
         raw = self._baseline.per_step(config)
         rate, step_ms = _recent_rate(recent)
         return RunReport(
@@ -176,6 +200,8 @@ class Reports:
             width=width,
             points=[_point(b, raw) for b in buckets],
             evaluations=evaluations,
+            privacy=privacy,
+            parties=parties,
         )
 
     def _rows(self, session: Session, pairs: list[tuple[store.Run, str]]) -> list[RunRow]:
@@ -226,7 +252,8 @@ def _row(
         owner=owner,
         status=run.status,
         model=str(config.get("model", "")),
-        mode=str(config.get("quantizer", {}).get("mode", "")),
+        mode=str(config.get("quantizer", {}).get("mode", ""))
+        or f"{len(config.get('parties') or [])} parties",
         step=logged[0] if logged is not None else 0,
         steps=int(config.get("steps", 0)),
         last_activity=max(activity),
@@ -236,6 +263,30 @@ def _row(
         eval=run.eval_size if aligned is not None else None,
         in_memory=in_memory,
     )
+
+
+def _parties(config: RunCreate, traffic: dict[str, tuple[int, int, int]]) -> list[PartyTraffic]:
+    """The feature parties of a run with several, in fusion order, with their traffic."""
+    out = []
+    for party in config.parties or []:
+        q = party.quantizer
+        steps, up, down = traffic.get(party.name, (0, 0, 0))
+        out.append(
+            PartyTraffic(
+                name=party.name,
+                cut_dim=party.cut_dim,
+                quantizer=f"pq q={q.q} L={q.L}" + (f" R={q.R}" if q.R > 1 else "")
+                if q.mode == "pq"
+                else "raw",
+                downlink=party.downlink,
+                steps=steps,
+                up_total=up,
+                down_total=down,
+                up_per_step=up / steps if steps else None,
+                down_per_step=down / steps if steps else None,
+            )
+        )
+    return out
 
 
 def _recent_rate(recent: Sequence[store.StepLog]) -> tuple[float | None, float | None]:

@@ -93,9 +93,17 @@ def _token_sessions(args: argparse.Namespace, *, create: bool) -> Any:
 
 
 def cmd_token_issue(args: argparse.Namespace) -> int:
+    from party_b.access import ALL_SCOPES, parse_expiry, parse_scopes
+    from party_b.store.grants import set_grant
+
     out: Path | None = args.out
     if out is not None and out.exists():
         raise MaintenanceError(f"{out} exists; not overwriting it (choose a new --out)")
+    scopes = parse_scopes(args.scope or "all")  # ValueError: exit 2, one line
+    expires_at = parse_expiry(args.expires) if args.expires else None
+    subject = _subject(args.subject) if args.subject else None
+    if args.certificate_only and subject is None:
+        raise ValueError("--certificate-only needs --subject: the certificate is the credential")
     with _token_sessions(args, create=True)() as session:
         row = store.token_named(session, args.name)
         if row is not None and not args.rotate:
@@ -104,9 +112,35 @@ def cmd_token_issue(args: argparse.Namespace) -> int:
                 f"a token named {args.name!r} exists ({state}); pass --rotate to replace it "
                 "(the old token stops working at once), or choose another --name"
             )
+        runs_of = None
+        if args.runs_of:
+            owner = store.token_named(session, args.runs_of)
+            if owner is None:
+                raise MaintenanceError(f"--runs-of {args.runs_of!r}: no token of that name")
+            runs_of = owner.id
+        if subject is not None:
+            _refuse_subject_clash(session, subject, args.name)
         if row is not None:
             auth.revoke_token(session, args.name)  # the old hash stays refused for good
         token = auth.issue_token(session, args.name)
+        issued = store.token_named(session, args.name)
+        assert issued is not None
+        grant_needed = scopes != ALL_SCOPES or expires_at or subject or runs_of or row is not None
+        if grant_needed:
+            set_grant(
+                session,
+                issued.id,
+                scopes=",".join(sorted(scopes)),
+                expires_at=expires_at,
+                subject=subject,
+                certificate_only=bool(args.certificate_only),
+                runs_of=runs_of,
+            )
+            session.commit()
+    if args.certificate_only:
+        # the random bearer secret exists only to fill the row; it is never shown
+        print(f"{args.name!r} authenticates with the client certificate {subject!r} alone")
+        return 0
     if out is None:
         print(token)
         return 0
@@ -115,6 +149,27 @@ def cmd_token_issue(args: argparse.Namespace) -> int:
         handle.write(token + "\n")
     print(f"token for {args.name!r} written to {out} (mode 600)", file=sys.stderr)
     return 0
+
+
+def _subject(text: str) -> str:
+    """An RFC 4514 subject as ``openssl x509 -noout -subject -nameopt RFC2253`` prints it."""
+    from party_b.ops.mtls import normalize_subject
+
+    return normalize_subject(text)
+
+
+def _refuse_subject_clash(session: Any, subject: str, name: str) -> None:
+    from party_b.store.grants import grant_with_subject
+
+    clash = grant_with_subject(session, subject)
+    if clash is None:
+        return
+    owner = session.get(store.ApiToken, clash.token_id)
+    if owner is not None and owner.name != name:
+        raise MaintenanceError(
+            f"the certificate {subject!r} is already bound to the token {owner.name!r}; "
+            "revoke that one first (one certificate, one caller)"
+        )
 
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:
@@ -127,8 +182,34 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
 
 
 def cmd_token_list(args: argparse.Namespace) -> int:
+    """One line per token: name, state (active, revoked, expired), scope, expiry, and the
+    certificate and run owner where the token has them."""
+    from datetime import UTC, datetime
+
+    from party_b.store.grants import grant_of
+
+    now = datetime.now(UTC)
     with _token_sessions(args, create=False)() as session:
+        names = {row.id: row.name for row in store.all_tokens(session)}
         for row in store.all_tokens(session):
-            state = f"revoked {row.revoked_at:%Y-%m-%d %H:%M}" if row.revoked_at else "active"
-            print(f"{row.name}\t{state}")
+            grant = grant_of(session, row.id)
+            expires = grant.expires_at if grant is not None else None
+            if row.revoked_at:
+                state = f"revoked {row.revoked_at:%Y-%m-%d %H:%M}"
+            elif expires is not None and expires <= now:
+                state = f"expired {expires:%Y-%m-%d %H:%M}"
+            else:
+                state = "active"
+            fields = [
+                row.name,
+                state,
+                f"scope {grant.scopes if grant is not None else 'all'}",
+                f"expires {expires:%Y-%m-%d %H:%M}Z" if expires else "expires never",
+            ]
+            if grant is not None and grant.subject:
+                how = "certificate only" if grant.certificate_only else "token + certificate"
+                fields.append(f"{how} {grant.subject}")
+            if grant is not None and grant.runs_of is not None:
+                fields.append(f"runs of {names.get(grant.runs_of, grant.runs_of)}")
+            print("\t".join(fields))
     return 0

@@ -2,9 +2,12 @@
 
     fedlite-b serve                      the HTTP(S) service (every flag is also FEDLITE_B_<FLAG>)
     fedlite-b token issue|revoke|list    API tokens (issue refuses an existing name: --rotate)
+    fedlite-b token budget --name N      a token's label-DP spend, and its cap (--epsilon X)
     fedlite-b db backup --to FILE        online backup of the SQLite file, safe while serving
     fedlite-b db copy --from URL --to URL   move the state to another database (B stopped)
     fedlite-b runs list|show ID|delete ID   every caller's runs (delete: party B stopped)
+    fedlite-b audit [--totals] [--jsonl]  who did what to which run, with how many ids, when
+    fedlite-b parties create|tokens|revoke|list   runs with several feature parties
     fedlite-b health                     exit 0 if the local server answers /healthz
     fedlite-b export --run ID --out DIR  a trained run's top model and transform, for serving
     fedlite-b demo-data --out FILE       party B's half of the bundled demo data
@@ -18,6 +21,7 @@ file), which a restart will not fix.
 
 import argparse
 import logging
+import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,15 +53,66 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     )
     if settings.database_url is None:
         create_private_database(settings.resolved_database_url())
+    log = logging.getLogger("fedlite.party_b")
+    log.info("starting party B: loading torch and the web framework")
 
-    import torch
+    import threading
+
     import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     from party_b.api import create_app
+    from party_b.device import use_device
+    from party_b.drain import DrainingServer, checkpoint_live_runs
+    from party_b.ops.mtls import tls_protocol
+    from shared import threads
 
     if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
+        threads.pin(settings.torch_threads)  # every run's steps then take it (shared.threads)
+    use_device(settings.device)  # before any run loads: StartupError naming the fix
     app = create_app(settings)
+    _check_tokens(settings, log)
+    # party B's blinded ids, built now (seconds per 10,000 ids) and not on party A's first PSI
+    threading.Thread(
+        target=app.state.service.alignment.warm_up, name="psi-set-up", daemon=True
+    ).start()
+    from party_b.service.warmup import warm_up
+
+    # before the port opens (and the first health check passes): a run taken over waits for
+    # none of torch's lazy imports
+    log.info("warmed up in %.1f s", warm_up())
+    server_config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=config,
+        log_level=settings.log_level,
+        access_log=settings.access_log != "off",
+        ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
+        ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
+        # mutual TLS: a client certificate from these CAs, or no handshake
+        ssl_ca_certs=str(settings.ssl_ca_certs) if settings.ssl_ca_certs else None,
+        ssl_cert_reqs=ssl.CERT_REQUIRED if settings.ssl_ca_certs else ssl.CERT_NONE,
+        http=tls_protocol(AutoHTTPProtocol),  # the client certificate's subject, to the app
+        timeout_graceful_shutdown=10,
+    )
+    server = DrainingServer(  # SIGTERM: drain, checkpoint every live run, stop
+        server_config,
+        lifecycle=app.state.lifecycle,
+        checkpoint=lambda: checkpoint_live_runs(app.state.service),
+        drain_seconds=settings.drain_seconds,
+    )
+    try:
+        server.run()
+    except KeyboardInterrupt:  # Ctrl+C, re-raised by uvicorn once it has stopped cleanly
+        pass
+    if not server.started:  # e.g. the port is taken: uvicorn logged why (as uvicorn.run does)
+        sys.exit(3)
+    return 0
+
+
+def _check_tokens(settings: Any, log: logging.Logger) -> None:
+    """StartupError unless some API token is active (nobody could use party B)."""
     engine = make_engine(settings.resolved_database_url())
     try:
         with make_session_factory(engine)() as session:
@@ -69,27 +124,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             "no active API tokens; issue one with 'fedlite-b token issue --name <caller>' "
             "or set FEDLITE_B_TOKENS"
         )
-    from party_b.service.warmup import warm_up
-
-    # before the first health check passes: a run taken over waits for none of it
-    logging.getLogger("fedlite.party_b").info("warmed up in %.1f s", warm_up())
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_config=config,
-        log_level=settings.log_level,
-        access_log=settings.access_log != "off",
-        ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
-        ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
-        timeout_graceful_shutdown=10,
-    )
-    return 0
+    mutual = "on" if settings.ssl_ca_certs else "off"
+    log.info("%d active API token(s); mutual TLS %s", len(active), mutual)
 
 
 def _cmd_health(args: argparse.Namespace) -> int:
     """Exit 0 when the local server answers /healthz (the container's health check)."""
-    import ssl
     import urllib.request
 
     settings = settings_from_flags(args)
@@ -102,11 +142,24 @@ def _cmd_health(args: argparse.Namespace) -> int:
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
+        cert, key = args.client_cert, args.client_key
+        if cert is None and settings.ssl_ca_certs is not None:
+            # mutual TLS: present party B's own certificate (DEPLOY.md's CA makes it valid
+            # for client authentication too)
+            cert, key = settings.ssl_certfile, settings.ssl_keyfile
+        if cert is not None:
+            context.load_cert_chain(str(cert), str(key) if key else None)
     try:
         with urllib.request.urlopen(url, timeout=args.timeout, context=context) as response:
             ok = response.status == 200
     except OSError as exc:
-        print(f"fedlite-b health: {url}: {exc}", file=sys.stderr)
+        hint = ""
+        if settings.ssl_ca_certs is not None:
+            hint = (
+                " (party B requires client certificates: pass --client-cert/--client-key "
+                "signed by its --ssl-ca-certs CA)"
+            )
+        print(f"fedlite-b health: {url}: {exc}{hint}", file=sys.stderr)
         return 1
     print(f"{url}: {'ok' if ok else 'unhealthy'}")
     return 0 if ok else 1
@@ -200,6 +253,11 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument("--tokens", help="'name:token,...' to register at start-up")
     serve.add_argument("--ssl-certfile", type=Path, help="TLS certificate (PEM)")
     serve.add_argument("--ssl-keyfile", type=Path, help="TLS private key (PEM, unencrypted)")
+    serve.add_argument(
+        "--ssl-ca-certs",
+        type=Path,
+        help="mutual TLS: require client certificates signed by these CAs (PEM)",
+    )
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
         "--access-log",
@@ -208,10 +266,20 @@ def _serve_parser(sub: Any) -> None:
     )
     serve.add_argument(
         "--privacy",
-        help="label privacy of new runs: 'recommended' (docs/PRIVACY.md), 'off' (default), "
-        "optionally with overrides, e.g. 'recommended,metrics=none'",
+        help="label privacy of new runs (docs/PRIVACY.md): 'protected' (default: label "
+        "differential privacy, no loss or accuracy in step replies), 'off' (logged as your "
+        "choice), 'recommended' (Marvell's noise), optionally with overrides, e.g. "
+        "'protected,label_epsilon=2'",
     )
-    serve.add_argument("--torch-threads", type=int, help="intra-op threads for torch")
+    serve.add_argument(
+        "--torch-threads",
+        type=int,
+        help="intra-op threads of every step (default: chosen per run from its top model's "
+        "size and the cores, shared/threads.py)",
+    )
+    serve.add_argument(
+        "--device", help="where the top models compute: cpu (default), cuda, cuda:N or auto"
+    )
     serve.add_argument("--worker-threads", type=int, help="concurrent torch requests")
     serve.add_argument(
         "--max-live-runs", type=int, help="training runs kept in memory (default 32; LRU out)"
@@ -234,15 +302,59 @@ def _token_parser(sub: Any) -> None:
         "--rotate", action="store_true", help="replace the token of an existing name"
     )
     issue.add_argument("--out", type=Path, help="write the token to this new file (mode 600)")
+    issue.add_argument(
+        "--scope",
+        help="what the token may do: train (runs, alignment, steps, evaluate), predict "
+        "(scores only), read (look only), or all (default); comma-separated for several",
+    )
+    issue.add_argument(
+        "--expires",
+        help="when the token stops working: a duration (30d, 12h, 2w) or a UTC date "
+        "(2027-01-31); default never",
+    )
+    issue.add_argument(
+        "--subject",
+        help="bind the token to a client certificate (mutual TLS): its subject as "
+        "`openssl x509 -noout -subject -nameopt RFC2253` prints it, e.g. 'CN=bank-a,O=Bank A'",
+    )
+    issue.add_argument(
+        "--certificate-only",
+        action="store_true",
+        help="with --subject: the certificate alone identifies the caller (no bearer token)",
+    )
+    issue.add_argument(
+        "--runs-of",
+        metavar="NAME",
+        help="act on the runs of the token NAME (e.g. a predict-only token for a scoring "
+        "partner, on the runs the training token made)",
+    )
     _storage_flags(issue)
     issue.set_defaults(func=admin.cmd_token_issue)
     revoke = _add(token_sub, "revoke", help="revoke a token (takes effect at once)")
     revoke.add_argument("--name", required=True)
     _storage_flags(revoke)
     revoke.set_defaults(func=admin.cmd_token_revoke)
-    listing = _add(token_sub, "list", help="list token names and states")
+    listing = _add(
+        token_sub, "list", help="list tokens: state (active, revoked, expired), scope, expiry"
+    )
     _storage_flags(listing)
     listing.set_defaults(func=admin.cmd_token_list)
+    from party_b.ops import budget_admin
+
+    budget = _add(
+        token_sub,
+        "budget",
+        help="a token's label-DP epsilon spent over its runs, and its cap (set or remove)",
+        description="Without --epsilon or --none, shows what the token's runs spent. A run "
+        "creation that would take the token past its cap is refused (problem "
+        "privacy-budget-exceeded); a run without label DP has no bound, and no cap covers it.",
+    )
+    budget.add_argument("--name", required=True, help="the token's name")
+    cap = budget.add_mutually_exclusive_group()
+    cap.add_argument("--epsilon", type=budget_admin.epsilon_value, help="set the cap")
+    cap.add_argument("--none", action="store_true", help="remove the cap")
+    _storage_flags(budget)
+    budget.set_defaults(func=budget_admin.cmd_token_budget)
 
 
 def _db_parser(sub: Any) -> None:
@@ -323,10 +435,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     health.add_argument("--port", type=int, help="port (default FEDLITE_B_PORT or 8000)")
     health.add_argument("--ssl-certfile", type=Path, help="set when the server uses TLS")
+    health.add_argument(
+        "--ssl-ca-certs", type=Path, help="set when the server requires client certificates"
+    )
+    health.add_argument(
+        "--client-cert",
+        type=Path,
+        help="client certificate for a server with mutual TLS (default: the server's own "
+        "--ssl-certfile / FEDLITE_B_SSL_CERTFILE)",
+    )
+    health.add_argument("--client-key", type=Path, help="its private key")
     health.add_argument("--timeout", type=float, default=5.0)
     health.set_defaults(func=_cmd_health)
     _db_parser(sub)
     _runs_parser(sub)
+    from party_b.ops.audit_admin import add_audit_parser
+
+    add_audit_parser(sub, _add, _storage_flags)
     export = _add(
         sub,
         "export",
@@ -337,6 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
     _storage_flags(export)
     _label_flags(export)
     export.set_defaults(func=_cmd_export)
+    from party_b.ops import parties
+
+    parties.add_parser(sub, _add, _storage_flags, _label_flags)
     return parser
 
 
@@ -357,6 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             getattr(args, "token_command", None),
             getattr(args, "db_command", None),
             getattr(args, "runs_command", None),
+            getattr(args, "parties_command", None),
         )
         if c
     )

@@ -44,7 +44,7 @@ def export_run(settings: Settings, labels: LabelSource, run_id: str, out: Path) 
         engine.dispose()
     model = trainer.model
     side = model.side_features
-    examples: tuple[torch.Tensor, ...] = (torch.zeros(2, spec.cut_dim),)
+    examples: tuple[torch.Tensor, ...] = (torch.zeros(2, spec.width),)
     if side:
         examples += (torch.zeros(2, side),)
     table = labels if isinstance(labels, LabelTable) else None
@@ -56,8 +56,15 @@ def export_run(settings: Settings, labels: LabelSource, run_id: str, out: Path) 
         "task": labels.task,
         "output": "sigmoid" if labels.task == "multilabel" else "softmax",
         "classes": table.classes if table else list(range(labels.num_outputs)),
-        "cut_dim": spec.cut_dim,
-        "quantizer": spec.quantizer.model_dump(),
+        "cut_dim": spec.width,  # a run with parties: their fused width
+        "quantizer": spec.quantizer.model_dump() if spec.quantizer else None,
+        "parties": [
+            {"name": p.name, "cut_dim": p.cut_dim, "quantizer": p.quantizer.model_dump()}
+            for p in spec.parties
+        ]
+        if spec.parties
+        else None,
+        "fusion": spec.fusion,
         "side": _side(settings, table) if side else None,
         "alignment_key": key,  # party A's ids arrive as HMAC(key, id), as in predict
     }

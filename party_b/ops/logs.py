@@ -30,9 +30,12 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        audit = getattr(record, "audit", None)  # party_b.audit: its fields as members
+        if isinstance(audit, dict):
+            entry.update({k: v for k, v in audit.items() if k not in entry})
         if record.exc_info:
             entry["exc_info"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
+        return json.dumps(entry, ensure_ascii=False, default=str)
 
 
 class QuietAccess(logging.Filter):

@@ -11,17 +11,56 @@ from pathlib import Path
 from party_b.errors import StartupError
 from party_b.settings import Settings
 
-__all__ = ["check_files", "check_tls"]
+__all__ = ["check_client_cas", "check_files", "check_label_header", "check_tls"]
 
 _CERT = "--ssl-certfile / FEDLITE_B_SSL_CERTFILE"
 _KEY = "--ssl-keyfile / FEDLITE_B_SSL_KEYFILE"
 
 
 def check_files(settings: Settings) -> None:
-    """The label table and the TLS files exist and are usable."""
+    """The label table (its header too: a wrong column name is told before torch and the
+    rows load) and the TLS files exist and are usable."""
     if settings.labels is not None:
         _readable(settings.labels, "label table", "--labels / FEDLITE_B_LABELS")
+        check_label_header(settings)
     check_tls(settings.ssl_certfile, settings.ssl_keyfile)
+    check_client_cas(settings.ssl_ca_certs, settings.ssl_certfile)
+
+
+_CA = "--ssl-ca-certs / FEDLITE_B_SSL_CA_CERTS"
+
+
+def check_label_header(settings: Settings) -> None:
+    """The label table's header names the id, label, client and feature columns."""
+    from shared.idtables import TableError, check_columns
+
+    assert settings.labels is not None
+    required = {settings.id_column: "id column (--id-column)"}
+    required[settings.label_column] = "label column (--label-column)"
+    if settings.group_column:
+        required[settings.group_column] = "client column (--group-column)"
+    for column in settings.feature_columns or ():
+        required[column] = "feature column (--feature-columns)"
+    try:
+        check_columns(settings.labels, required)
+    except TableError as exc:
+        raise StartupError(f"label table {exc}") from None
+
+
+def check_client_cas(ca_certs: Path | None, certfile: Path | None) -> None:
+    """The CAs of mutual TLS load, and come with a server certificate."""
+    if ca_certs is None:
+        return
+    if certfile is None:
+        raise StartupError(f"client certificates ({_CA}) need TLS: set {_CERT} and {_KEY} too")
+    _readable(ca_certs, "client CA file", _CA)
+    try:
+        ssl.create_default_context().load_verify_locations(cafile=str(ca_certs))
+    except ssl.SSLError as exc:
+        raise StartupError(
+            f"client CA file {ca_certs} is not a PEM certificate ({exc.reason}); {_CA} takes "
+            "the certificate(s) of the CA that signs party A's client certificates"
+        ) from None
 
 
 def check_tls(certfile: Path | None, keyfile: Path | None) -> None:

@@ -12,6 +12,7 @@ import json
 from party_b import store
 from party_b.ops.admin import existing_database
 from party_b.ops.maintenance import MaintenanceError
+from party_b.privacy.accounting import run_privacy_json
 from party_b.settings import settings_from_flags
 from party_b.store import make_engine, make_session_factory
 from party_b.store.overview import runs_with_owners
@@ -34,7 +35,8 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_show(args: argparse.Namespace) -> int:
-    """One run as JSON: config, status, sizes, checkpoints, steps logged, evaluations."""
+    """One run as JSON: config, status, sizes, checkpoints, steps logged, evaluations, its
+    label privacy (policy, epsilon spent) and its owner's spend and budget."""
     engine = make_engine(existing_database(settings_from_flags(args)))
     try:
         with make_session_factory(engine)() as session:
@@ -56,6 +58,7 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
                     {"step": e.step, "split": e.split, "n": e.n, "loss": e.loss, **e.metrics}
                     for e in store.eval_results(session, run.id)
                 ],
+                **run_privacy_json(session, run.id, run.owner_id),
                 "config": run.config,
             }
     finally:
@@ -66,13 +69,20 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
 
 def cmd_runs_delete(args: argparse.Namespace) -> int:
     """Delete a run and everything stored for it (party B stopped)."""
+    from party_b import audit
+    from party_b.service.runstate import Caller
+
     engine = make_engine(existing_database(settings_from_flags(args)))
     try:
-        with make_session_factory(engine)() as session:
+        sessions = make_session_factory(engine)
+        with sessions() as session:
             if store.run_by_id(session, args.run) is None:
                 raise MaintenanceError(f"no run {args.run!r}: see 'fedlite-b runs list'")
             store.delete_run(session, args.run)
             session.commit()
+        # the operator's deletion is in the trail too (token id 0: no token, the operator)
+        operator = Caller(token_id=0, name="operator (fedlite-b runs delete)")
+        audit.record(sessions, operator, "delete", args.run)
     finally:
         engine.dispose()
     print(f"deleted run {args.run}")

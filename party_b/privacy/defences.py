@@ -17,7 +17,7 @@ from torch import Tensor
 from party_b.privacy.marvell import marvell_noise
 from party_b.privacy.policy import PrivacyPolicy
 
-__all__ = ["perturb_gradient", "randomized_labels", "visible_metrics"]
+__all__ = ["perturb_gradient", "randomized_labels", "row_uniforms", "visible_metrics"]
 
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -31,7 +31,7 @@ def _splitmix64(x: Any) -> Any:
         return x ^ (x >> np.uint64(31))
 
 
-def _row_uniforms(seed: int, rows: np.ndarray, stream: int) -> np.ndarray:
+def row_uniforms(seed: int, rows: np.ndarray, stream: int) -> np.ndarray:
     """(n,) float64 in [0, 1): one fixed draw per (seed, label row, stream)."""
     key = _splitmix64(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) ^ np.uint64(stream * 0x5851F42D))
     h = _splitmix64(rows.astype(np.uint64) ^ key)
@@ -46,9 +46,9 @@ def randomized_labels(
     e^eps / (e^eps + C - 1), otherwise becomes one of the C - 1 other classes uniformly.
     ``rows`` (n,): the samples' rows in party B's label source, which fix their draws."""
     keep_p = math.exp(epsilon) / (math.exp(epsilon) + num_classes - 1)
-    keep = _row_uniforms(seed, rows, 1) < keep_p
+    keep = row_uniforms(seed, rows, 1) < keep_p
     # another class: shift by 1..C-1, uniformly
-    shift = 1 + np.floor(_row_uniforms(seed, rows, 2) * (num_classes - 1)).astype(np.int64)
+    shift = 1 + np.floor(row_uniforms(seed, rows, 2) * (num_classes - 1)).astype(np.int64)
     y = targets.numpy()
     flipped = np.where(keep, y, (y + shift) % num_classes)
     return torch.from_numpy(flipped.astype(np.int64))

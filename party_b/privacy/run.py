@@ -7,38 +7,16 @@ seed, regenerate the noise and subtract it, or learn which labels the randomized
 flipped.
 """
 
-import hashlib
-import secrets
-from dataclasses import dataclass
-
 import numpy as np
 from torch import Tensor
 
-from party_b.privacy.defences import perturb_gradient, randomized_labels, visible_metrics
-from party_b.privacy.policy import PrivacyPolicy
+from party_b.labels import LabelSource
+from party_b.privacy.defences import perturb_gradient, visible_metrics
+from party_b.privacy.label_dp import run_targets
+from party_b.privacy.secret import OFF, RunPrivacy
 from party_b.top import StepOutcome, TopTrainer
 
 __all__ = ["OFF", "RunPrivacy", "protected_step"]
-
-
-@dataclass(frozen=True)
-class RunPrivacy:
-    """A run's policy and party B's secret for its random draws (32 bytes, never sent)."""
-
-    policy: PrivacyPolicy
-    secret: bytes
-
-    @classmethod
-    def new(cls, policy: PrivacyPolicy) -> "RunPrivacy":
-        return cls(policy, secrets.token_bytes(32))
-
-    def seed(self, step: int, purpose: str) -> int:
-        """A 63-bit seed for one use at one step, from the secret (SHA-256, stable)."""
-        digest = hashlib.sha256(self.secret + f":{step}:{purpose}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") >> 1
-
-
-OFF = RunPrivacy(PrivacyPolicy(), b"")  # runs stored before policies: nothing to draw
 
 
 def protected_step(
@@ -48,28 +26,21 @@ def protected_step(
     side: Tensor | None,
     *,
     rows: np.ndarray,
-    num_classes: int,
+    labels: LabelSource,
     step: int,
     dropout_seed: int,
     privacy: RunPrivacy,
 ) -> tuple[StepOutcome, StepOutcome]:
     """``compute_step`` under the run's policy: (outcome, reply).
 
-    ``rows`` (n,): the batch's rows in party B's label source (randomized response draws once
-    per row); ``num_classes``: C of a classification run. ``outcome`` is what party B logs
-    (its loss is on the labels it trained on); ``reply`` holds the perturbed (rows, d)
-    gradient and only the loss and metrics party A may see. Raises what ``compute_step``
-    raises, before anything changes.
+    ``rows`` (n,): the batch's rows in ``labels``, party B's label source (randomized
+    response draws once per row; RRWithPrior fits its prior on the source). ``outcome`` is
+    what party B logs (its loss is on the labels it trained on); ``reply`` holds the
+    perturbed (rows, d) gradient and only the loss and metrics party A may see. Raises what
+    ``compute_step`` raises, before anything changes.
     """
     policy = privacy.policy
-    if policy.label_epsilon is not None:
-        targets = randomized_labels(
-            targets,
-            rows,
-            epsilon=policy.label_epsilon,
-            num_classes=num_classes,
-            seed=privacy.seed(0, "label-dp"),
-        )
+    targets = run_targets(privacy, targets, rows, labels.num_outputs, labels)
     outcome = trainer.compute_step(z_tilde, targets, side, dropout_seed=dropout_seed)
     grad = perturb_gradient(
         outcome.grad, policy, seed=privacy.seed(step, "gradient-noise"), labels=targets

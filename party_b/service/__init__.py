@@ -16,6 +16,9 @@
     answer.py      the step's gradient back to party A in the run's downlink
     serving.py     Serving: evaluate and predict
     views.py       RunOut / AlignmentOut
+    parties.py     Parties: a run with several feature parties (docs/PROTOCOL.md 12)
+    meetings.py    Meetings: where those parties' requests wait for each other (event loop)
+    fusion.py      their plan, fused activations, sliced gradients, packed answers
 
 ``Service`` is the rooms, nothing more: the API's routes (``party_b.api``) and
 ``party_b.inprocess`` call the room they need (``service.steps.step(...)``), in worker
@@ -36,7 +39,9 @@ from party_b.service.bounds import LiveBounds
 from party_b.service.cache import RunCache
 from party_b.service.context import ServiceContext
 from party_b.service.loader import RunLoader
+from party_b.service.meetings import Meetings
 from party_b.service.ownership import Ownership
+from party_b.service.parties import Parties
 from party_b.service.runs import Runs
 from party_b.service.runstate import Caller
 from party_b.service.serving import Serving
@@ -58,6 +63,8 @@ class Service:
     steps: Steps
     turns: Turns
     serving: Serving
+    parties: Parties  # runs with several feature parties
+    meetings: Meetings
 
 
 def build_service(
@@ -72,12 +79,14 @@ def build_service(
     step_hold: float | None = None,
     bounds: LiveBounds | None = None,
     replica_id: str | None = None,
+    party_wait: float = 20.0,
 ) -> Service:
     """The rooms over one context. ``privacy``: the label-privacy policy every new run gets
     (default: off); ``step_hold``: the longest wait in seconds of a step that overtook its
     predecessor (default ``turns.HOLD_SECONDS``; 0 refuses it at once); ``bounds``: the
     training runs kept in memory (default: no bound); ``replica_id``: this process's name
-    in the run leases (default ``ownership.default_holder()``)."""
+    in the run leases (default ``ownership.default_holder()``); ``party_wait``: the longest
+    wait of a feature party's request for the other parties' (seconds)."""
     privacy = privacy or PrivacyPolicy()
     privacy.check_labels(labels.task, labels.num_outputs)
     admission = Admission(labels, limits)
@@ -98,12 +107,20 @@ def build_service(
         ownership=ownership,
         checkpoints_kept=checkpoints_kept,
     )
+    runs, alignment, steps, serving = Runs(ctx), Alignment(ctx, aligner), Steps(ctx), Serving(ctx)
     return Service(
         context=ctx,
         loader=loader,
-        runs=Runs(ctx),
-        alignment=Alignment(ctx, aligner),
-        steps=Steps(ctx),
-        turns=Turns(cache, metrics, HOLD_SECONDS if step_hold is None else step_hold),
-        serving=Serving(ctx),
+        runs=runs,
+        alignment=alignment,
+        steps=steps,
+        turns=Turns(
+            cache,
+            metrics,
+            HOLD_SECONDS if step_hold is None else step_hold,
+            limits=ctx.decode_limits,
+        ),
+        serving=serving,
+        parties=Parties(ctx, runs, steps, alignment, serving),
+        meetings=Meetings(party_wait),
     )

@@ -18,7 +18,14 @@ from party_b.settings import Limits
 from shared import codec
 from shared.pq import GroupedProductQuantizer, PQConfig
 
-__all__ = ["decode", "decode_limits", "dequantize", "dequantizer", "is_quantized"]
+__all__ = [
+    "decode",
+    "decode_limits",
+    "dequantize",
+    "dequantize_rows",
+    "dequantizer",
+    "is_quantized",
+]
 
 M = TypeVar("M")
 
@@ -44,10 +51,10 @@ def decode(decoder: Callable[..., M], body: bytes, limits: codec.DecodeLimits) -
 def dequantizer(spec: RunCreate) -> GroupedProductQuantizer | None:
     """The run's quantizer (for decoding codes), or None for a raw (SplitFed) run."""
     q = spec.quantizer
-    if q.mode == "raw":
+    if q is None or q.mode == "raw":  # None: a run with parties, each with its own
         return None
     assert q.q is not None and q.L is not None
-    return GroupedProductQuantizer(spec.cut_dim, PQConfig(q=q.q, L=q.L, R=q.R))
+    return GroupedProductQuantizer(spec.width, PQConfig(q=q.q, L=q.L, R=q.R))
 
 
 def is_quantized(chunks: Sequence[codec.Activations]) -> bool:
@@ -65,27 +72,52 @@ def dequantize(
 
     ``allow_raw``: a FedLite run also takes raw activations (evaluate and predict: the
     model without compression; training steps must be quantized as configured)."""
-    spec = state.config
+    return dequantize_rows(
+        state.config.width,
+        state.dequantizer,
+        chunks,
+        expected_rows=expected_rows,
+        allow_raw=allow_raw,
+    )
+
+
+def dequantize_rows(
+    width: int,
+    quantizer: GroupedProductQuantizer | None,
+    chunks: Sequence[codec.Activations],
+    *,
+    expected_rows: int,
+    allow_raw: bool = False,
+    who: str = "the run",
+) -> Tensor:
+    """``dequantize`` for activations of ``width`` columns quantized with ``quantizer``
+    (None: raw), e.g. one feature party's; ``who`` names them in a refusal."""
     rows = sum(c.B for c in chunks)
     if rows != expected_rows:
         raise ProblemError.shape(f"{rows} activation rows, expected {expected_rows}")
-    if chunks[0].d != spec.cut_dim:
-        raise ProblemError.shape(f"activations have d={chunks[0].d}, the run has {spec.cut_dim}")
-    parts = [_dequantize_chunk(state, chunk, allow_raw) for chunk in chunks]
+    if chunks[0].d != width:
+        raise ProblemError.shape(f"activations have d={chunks[0].d}, {who} has {width}")
+    parts = [_dequantize_chunk(quantizer, chunk, allow_raw, who) for chunk in chunks]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _dequantize_chunk(state: RunState, chunk: codec.Activations, allow_raw: bool) -> Tensor:
+def _dequantize_chunk(
+    quantizer: GroupedProductQuantizer | None,
+    chunk: codec.Activations,
+    allow_raw: bool,
+    who: str,
+) -> Tensor:
+    whose = "" if who == "the run" else f" ({who})"
     if isinstance(chunk, codec.RawActivations):
-        if state.dequantizer is not None and not allow_raw:
-            raise ProblemError.shape("raw activations sent to a FedLite (pq) run")
+        if quantizer is not None and not allow_raw:
+            raise ProblemError.shape(f"raw activations sent to a FedLite (pq) run{whose}")
         return torch.from_numpy(chunk.activations)
-    if state.dequantizer is None:
-        raise ProblemError.shape("quantized activations sent to a raw (SplitFed) run")
-    cfg = state.dequantizer.config
+    if quantizer is None:
+        raise ProblemError.shape(f"quantized activations sent to a raw (SplitFed) run{whose}")
+    cfg = quantizer.config
     if (chunk.q, chunk.R, chunk.L) != (cfg.q, cfg.R, cfg.L):
         raise ProblemError.shape(
             f"quantizer (q, R, L) = {(chunk.q, chunk.R, chunk.L)}, "
-            f"the run has {(cfg.q, cfg.R, cfg.L)}"
+            f"{who} has {(cfg.q, cfg.R, cfg.L)}"
         )
-    return state.dequantizer.decode(chunk.to_code())
+    return quantizer.decode(chunk.to_code())

@@ -39,6 +39,7 @@ class Admission:
         """Refuse a config party B cannot train (422); returns the completed top kwargs."""
         self._check_spec(spec)
         top = self.top_kwargs(spec)
+        self._check_given(spec, top)
         try:
             self.new_trainer(spec)  # refuse now what could not be built at alignment
         except ValueError as exc:
@@ -50,7 +51,7 @@ class Admission:
         return TopTrainer(
             model=spec.model,
             top_kwargs=self.top_kwargs(spec),
-            cut_dim=spec.cut_dim,
+            cut_dim=spec.width,
             optimizer=spec.optimizer.model_dump(),
             task=self._labels.task,
             seed=spec.seed,
@@ -65,12 +66,12 @@ class Admission:
         kwargs[output_kwarg(spec.model)] = self._labels.num_outputs
         if "side_features" in top_kwargs(spec.model):
             kwargs["side_features"] = self._labels.side_width if spec.use_side_features else 0
-        self._check_top_sizes(rows_per_step(spec), spec.cut_dim, kwargs)
+        self._check_top_sizes(rows_per_step(spec), spec.width, kwargs)
         try:
             # Built on the meta device: validates the kwargs and counts parameters without
             # allocating, so {"hidden": [10**6, 10**6]} is refused instead of exhausting memory.
             with torch.device("meta"):
-                model = build_top(spec.model, cut_dim=spec.cut_dim, **kwargs)
+                model = build_top(spec.model, cut_dim=spec.width, **kwargs)
         except ValueError as exc:
             raise ProblemError.invalid(f"top model: {exc}") from None
         except (RuntimeError, OverflowError, TypeError):  # sizes that overflow 64 bits
@@ -110,6 +111,25 @@ class Admission:
             version=spec.schedule_version,
         )
 
+    def _check_given(self, spec: RunCreate, top: dict[str, Any]) -> None:
+        """422 for a top kwarg party B derives from its own data (the number of classes, its
+        side feature columns) that the caller set to another value: party B would have to
+        overwrite it silently, and the caller would train another model than it asked for."""
+        derived = {output_kwarg(spec.model): "party B's labels"}
+        if "side_features" in top:
+            derived["side_features"] = (
+                "party B's feature columns (use_side_features)"
+                if spec.use_side_features
+                else "use_side_features=false"
+            )
+        for name, source in derived.items():
+            given = spec.top.get(name)
+            if given is not None and given != top[name]:
+                raise ProblemError.invalid(
+                    f"top.{name}={given!r}, but {source} make it {top[name]!r}: leave "
+                    f"top.{name} out (party B fills it in) or set it to {top[name]!r}"
+                )
+
     def _check_spec(self, spec: RunCreate) -> None:
         if spec.model not in MODEL_NAMES:
             raise ProblemError.invalid(f"unknown model {spec.model!r}; known: {list(MODEL_NAMES)}")
@@ -123,21 +143,27 @@ class Admission:
                 "the 'clients' schedule needs the client of every sample, and party B's "
                 "labels have no client column"
             )
-        try:
-            downlink = DownlinkSpec.from_string(spec.downlink)
-            downlink.check_width(spec.cut_dim)
-        except ValueError as exc:
-            raise ProblemError.invalid(f"downlink: {exc}") from None
         lim = self._limits
         checks = [
             ("batch_size", spec.batch_size, lim.max_batch),
             ("rows per step", rows_per_step(spec), lim.max_batch),
-            ("cut_dim", spec.cut_dim, lim.max_dim),
+            ("cut_dim", spec.width, lim.max_dim),
             ("steps", spec.steps, lim.max_steps),
-            ("quantizer.q", spec.quantizer.q or 1, lim.max_q),
-            ("quantizer.L", spec.quantizer.L or 1, lim.max_L),
-            ("downlink L", downlink.L, lim.max_L),  # party B runs this k-means every step
         ]
+        several = spec.parties is not None
+        for party in spec.feature_parties():  # one, named "a", in a run without parties
+            where = f"parties[{party.name}]." if several else ""
+            try:
+                downlink = DownlinkSpec.from_string(party.downlink)
+                downlink.check_width(party.cut_dim)
+            except ValueError as exc:
+                raise ProblemError.invalid(f"{where}downlink: {exc}") from None
+            checks += [
+                (f"{where}cut_dim", party.cut_dim, lim.max_dim),
+                (f"{where}quantizer.q", party.quantizer.q or 1, lim.max_q),
+                (f"{where}quantizer.L", party.quantizer.L or 1, lim.max_L),
+                (f"{where}downlink L", downlink.L, lim.max_L),  # party B's k-means, each step
+            ]
         for name, value, limit in checks:
             if value > limit:
                 raise ProblemError.limit(f"{name}={value} is over this server's limit {limit}")

@@ -19,18 +19,28 @@ not on the random per-run key, so two runs with the same seed train identically.
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from sqlalchemy.orm import Session
 
 from api_schemas import AlignmentOut, PsiInfo, RunCreate, RunStatus
-from party_b import store
+from party_b import audit, store
 from party_b.errors import ProblemError
 from party_b.service.context import ServiceContext
+from party_b.service.fusion import one_party_route
 from party_b.service.runstate import Caller, owned_row
 from party_b.service.views import alignment_out
 from shared import codec
+from shared.alignkeys import (
+    AlignReply,
+    AmbiguousPrefix,
+    decode_align_request,
+    encode_align_reply,
+    kept_bitmap,
+    match_prefixes,
+)
 from shared.alignment import hmac_ids, order_by_raw_id
 from shared.psi import (
     PSI_PROTOCOL,
@@ -94,12 +104,18 @@ class PsiAligner:
     def intersect(self, own_keys: set[bytes], offered: list[bytes]) -> set[bytes]:
         return own_keys.intersection(offered)
 
+    def warm_up(self) -> None:
+        """Build the set-up now rather than on the first PSI request."""
+        self._server_and_version()
+
     def _server_and_version(self) -> tuple[PsiServer, str]:
         with self._lock:  # one thread builds the set-up; the others wait for it
             if self._server is None or self._version is None:
                 self._version, key = self._keys(dataset_digest(self._ids))
                 log.info("building the PSI set-up of %d ids (once per dataset)", len(self._ids))
+                started = time.perf_counter()
                 self._server = PsiServer(self._ids, key)
+                log.info("PSI set-up ready (%.1f s)", time.perf_counter() - started)
             return self._server, self._version
 
 
@@ -110,6 +126,13 @@ class Alignment:
         self._ctx = ctx
         self._aligner = aligner or PsiAligner(ctx.labels.ids, self._psi_key)
 
+    def warm_up(self) -> None:
+        """Build party B's PSI set-up (its blinded ids: seconds per 10,000 ids) before any
+        party A asks; ``fedlite-b serve`` calls it in a background thread at start-up."""
+        warm = getattr(self._aligner, "warm_up", None)
+        if warm is not None:
+            warm()
+
     def psi_info(self, caller: Caller) -> PsiInfo:
         """What party A needs before a PSI: party B's dataset version (to look up its cache)."""
         return PsiInfo(
@@ -117,6 +140,7 @@ class Alignment:
             protocol=PSI_PROTOCOL,
             size=len(self._ctx.labels.ids),
             max_ids=self._ctx.limits.max_aligned_ids,
+            alignment_formats=["json", "keys"],
         )
 
     def psi(self, caller: Caller, body: bytes) -> bytes:
@@ -132,6 +156,7 @@ class Alignment:
             raise ProblemError.malformed(str(exc)) from None
         # Every PSI answers "which of these ids do you hold?": keep a record of who asked.
         log.info("PSI request from %s: %d ids offered", caller.name, count)
+        audit.record(self._ctx.sessions, caller, "psi", None, ids=count)
         data = encode_psi_reply(reply)
         self._ctx.metrics.bytes_received.labels("psi").inc(len(body))
         self._ctx.metrics.bytes_sent.labels("psi").inc(len(data))
@@ -148,25 +173,70 @@ class Alignment:
                 f"{len(hashed_hex)} ids, over the limit {self._ctx.limits.max_aligned_ids}"
             )
         offered = [bytes.fromhex(h) for h in hashed_hex]
+        run, aligned = self._align(
+            caller, run_id, lambda own: self._aligner.intersect(own, offered)
+        )
+        return alignment_out(run, aligned)
+
+    def align_keys(self, caller: Caller, run_id: str, body: bytes) -> bytes:
+        """``align`` in binary (shared.alignkeys): key prefixes in, a bitmap of the kept ones
+        out; the encoded ``AlignReply``."""
+        with self._ctx.sessions() as session:
+            owned_row(session, caller, run_id)  # 404 before the body is read
+        try:
+            request = decode_align_request(body, limits=self._ctx.decode_limits)
+        except codec.CodecError as exc:
+            raise ProblemError.malformed(str(exc)) from None
+        if request.n > self._ctx.limits.max_aligned_ids:
+            raise ProblemError.limit(
+                f"{request.n} ids, over the limit {self._ctx.limits.max_aligned_ids}"
+            )
+        matched: list[bytes | None] = []
+
+        def common(own: set[bytes]) -> set[bytes]:
+            try:
+                matched.extend(match_prefixes(list(own), request))
+            except AmbiguousPrefix as exc:
+                raise ProblemError.invalid(str(exc)) from None
+            return self._aligner.intersect(own, [m for m in matched if m is not None])
+
+        run, aligned = self._align(caller, run_id, common)
+        reply = AlignReply(
+            n=request.n,
+            kept=kept_bitmap(matched, set(aligned)),
+            train=run.train_size or 0,
+            eval=run.eval_size or 0,
+        )
+        data = encode_align_reply(reply)
+        self._ctx.metrics.bytes_received.labels("alignment").inc(len(body))
+        self._ctx.metrics.bytes_sent.labels("alignment").inc(len(data))
+        return data
+
+    def _align(
+        self, caller: Caller, run_id: str, common: Callable[[set[bytes]], set[bytes]]
+    ) -> tuple[store.Run, list[bytes]]:
+        """The run aligned on ``common(party B's trainable keys)`` (started, or as it was when
+        a retry brings the same keys), and its aligned list."""
         with self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
+            one_party_route(RunCreate.from_stored(run.config), "posts its aligned keys")
             own = hmac_ids(bytes.fromhex(run.alignment_key), self._ctx.labels.ids)
             labeled = self._ctx.labels.labeled
             # rows without a label are served, never trained or evaluated on
             trainable = own
             if labeled is not None:
                 trainable = [k for k, ok in zip(own, labeled, strict=True) if ok]
-            common = self._aligner.intersect(set(trainable), offered)
-            aligned = order_by_raw_id(self._ctx.labels.ids, own, common)
+            aligned = order_by_raw_id(self._ctx.labels.ids, own, common(set(trainable)))
             if run.status != RunStatus.CREATED.value:
                 if run.aligned_ids == b"".join(aligned):
-                    return alignment_out(run, aligned)  # a retried call: same answer
+                    return run, aligned  # a retried call: same answer
                 raise ProblemError.run_state("run is already aligned with a different id set")
-            self._start(session, run, aligned)
+            self.start(session, run, aligned)
             session.commit()
-            return alignment_out(run, aligned)
+        audit.record(self._ctx.sessions, caller, "align", run_id, ids=len(aligned))
+        return run, aligned
 
-    def _start(self, session: Session, run: store.Run, aligned: list[bytes]) -> None:
+    def start(self, session: Session, run: store.Run, aligned: list[bytes]) -> None:
         """Split the aligned ids, store them and the initial model: the run is training."""
         spec = RunCreate.from_stored(run.config)
         train_pos, eval_pos = split_train_eval(

@@ -26,8 +26,10 @@ log = logging.getLogger("fedlite.party_b")
 _FLOAT32 = DownlinkSpec(kind="float32")
 
 
-def run_downlink(text: str) -> DownlinkSpec:
-    """A stored run's downlink string, parsed (it was checked when the run was created)."""
+def run_downlink(text: str | None) -> DownlinkSpec:
+    """A stored run's downlink string, parsed (it was checked when the run was created); a
+    run with parties has one per party (``fusion.PartyPlan``), none here."""
+    assert text is not None, "a run with parties answers each party in its own downlink"
     return DownlinkSpec.from_string(text)
 
 
@@ -40,13 +42,16 @@ def step_response(
     downlink: DownlinkSpec,
     run_seed: int,
     metrics: Metrics,
+    purpose: str = "downlink",
 ) -> bytes:
     """The encoded StepResponse of ``step``: the run's downlink, or float32 where it overflows.
 
-    ``grad`` (rows, d) is what party A may see of d loss / d z~ (after any defence).
+    ``grad`` (rows, d) is what party A may see of d loss / d z~ (after any defence);
+    ``purpose``: of the step seed its stochastic rounding draws from (one per feature party
+    of a run with several, docs/PROTOCOL.md 12.6).
     """
     message = codec.StepResponse(step=step, loss=loss, metrics=step_metrics, grad=grad)
-    seed = step_seed(run_seed, step, "downlink")
+    seed = step_seed(run_seed, step, purpose)
     try:
         return codec.encode_step_response(message, downlink=downlink, seed=seed)
     except codec.RangeError as exc:

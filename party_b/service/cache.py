@@ -100,6 +100,11 @@ class RunCache:
             state = self._get(run_id)
         return state if state is not None and state.owner_id == caller.token_id else None
 
+    def live(self) -> list[RunState]:
+        """The training runs in memory now (a copy: loads and drops go on meanwhile)."""
+        with self._lock:
+            return list(self._live.values())
+
     def retire(self, run_id: str, state: RunState) -> None:
         """Move a run that finished to the few finished runs kept in memory."""
         with self._lock:

@@ -10,11 +10,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api_schemas import EvalResultOut, ProblemType, RunCreate, RunOut, RunStatus, StepLogOut
-from party_b import store
+from party_b import audit, store
 from party_b.errors import ProblemError
 from party_b.privacy import PrivacyPolicy
+from party_b.privacy.accounting import charge
 from party_b.privacy.run import RunPrivacy
 from party_b.service.context import ServiceContext
+from party_b.service.fusion import one_party_route
 from party_b.service.ownership import once_more_if_moved
 from party_b.service.runstate import Caller, RunState, owned_row
 from party_b.service.views import run_out
@@ -79,6 +81,8 @@ class Runs:
             store.add_run(session, run, idempotency_key)
             privacy = RunPrivacy.new(self._ctx.privacy)
             store.add_run_privacy(session, run.id, privacy.policy.to_stored(), privacy.secret)
+            # the run's label-DP epsilon, against the token's budget: 403 and nothing stored
+            charge(session, owner_id=caller.token_id, run_id=run.id, policy=privacy.policy)
             try:
                 session.commit()
             except IntegrityError:  # the same key arrived twice at once: the other one won
@@ -88,6 +92,7 @@ class Runs:
                 if earlier is None:
                     raise
                 return earlier
+            audit.record(self._ctx.sessions, caller, "create-run", run.id, name=spec.name)
             return run_out(session, run, None)
 
     def list_runs(self, caller: Caller) -> list[RunOut]:
@@ -127,6 +132,12 @@ class Runs:
                 return run_out(session, run, self._ctx.cache.peek(run_id))
             if run.status != RunStatus.TRAINING.value:
                 raise ProblemError.run_state(f"run is {run.status}; align and train it first")
+            one_party_route(RunCreate.from_stored(run.config), "finishes")
+        return self.close(caller, run_id)
+
+    def close(self, caller: Caller, run_id: str) -> RunOut:
+        """Finish a training run the caller owns: checkpoint its model, no more steps (a run
+        with parties: once every party has finished, ``party_b.service.parties``)."""
         state = self._ctx.cache.owned(caller, run_id)
         with state.lock, self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
@@ -147,6 +158,7 @@ class Runs:
                 session.commit()
                 state.finished = True
                 self._ctx.cache.retire(run_id, state)
+                audit.record(self._ctx.sessions, caller, "finish", run_id, step=state.step)
             return run_out(session, run, state)
 
     def delete(self, caller: Caller, run_id: str) -> None:
@@ -160,6 +172,7 @@ class Runs:
             store.delete_run(session, run_id)
             session.commit()
             self._ctx.cache.drop(run_id)
+        audit.record(self._ctx.sessions, caller, "delete", run_id)
 
     def step_log(self, caller: Caller, run_id: str, start: int, limit: int) -> list[StepLogOut]:
         with self._ctx.sessions() as session:

@@ -19,10 +19,14 @@ __all__ = ["Caller", "RunState", "owned_row"]
 
 @dataclass(frozen=True)
 class Caller:
-    """The authenticated token a request came with."""
+    """Who a request comes from (``party_b.access.identify``): ``token_id`` is the token
+    whose runs it sees and acts on, ``name`` the token's name (logs, the audit trail)."""
 
     token_id: int
     name: str
+    subject: str | None = None  # the client certificate's subject, with mutual TLS
+    scopes: tuple[str, ...] = ()  # the token's scope names, for messages
+    actions: frozenset[str] | None = None  # what it may do (party_b.access); None: anything
 
 
 @dataclass
@@ -57,6 +61,7 @@ class RunState:
     # loaded from a checkpoint older than steps the run had applied (a crash, a takeover):
     # party A is ahead and rolls back, so a step ahead is not held for its predecessor
     behind: bool = False
+    train_keys: frozenset[str] | None = None  # hex keys of the training split (privacy)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def positions_of(self, split: str) -> np.ndarray:

@@ -41,6 +41,7 @@ from party_b.errors import ProblemError
 from party_b.privacy.run import protected_step
 from party_b.service import activations, answer
 from party_b.service.context import ServiceContext
+from party_b.service.fusion import one_party_route
 from party_b.service.loader import restore
 from party_b.service.ownership import once_more_if_moved
 from party_b.service.runstate import Caller, RunState, owned_row
@@ -79,6 +80,8 @@ class Steps:
     def _step(self, caller: Caller, run_id: str, body: bytes) -> bytes:
         started = time.perf_counter()
         state = self._ctx.cache.owned(caller, run_id)
+        if state.config.parties is not None:
+            one_party_route(state.config, "sends its steps")
         with state.lock:
             if state.finished:
                 raise ProblemError.run_state("run is finished; it takes no more steps")
@@ -97,6 +100,11 @@ class Steps:
 
     def _resume(self, caller: Caller, run_id: str, from_step: int) -> RunOut:
         state = self._ctx.cache.owned(caller, run_id)
+        one_party_route(state.config, "rolls the run back")
+        return self.roll_back(caller, run_id, state, from_step)
+
+    def roll_back(self, caller: Caller, run_id: str, state: RunState, from_step: int) -> RunOut:
+        """``resume`` of any run the caller owns (a run with parties: from a party route)."""
         with state.lock, self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
             if run.status != RunStatus.TRAINING.value:
@@ -190,7 +198,7 @@ class Steps:
                 self._ctx.labels.targets(rows),
                 side,
                 rows=rows,
-                num_classes=self._ctx.labels.num_outputs,
+                labels=self._ctx.labels,
                 step=request.step,
                 dropout_seed=step_seed(state.config.seed, request.step, "dropout-top"),
                 privacy=state.privacy,

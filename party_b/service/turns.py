@@ -14,9 +14,11 @@ once, so that a client whose timeout is shorter than the hold still sees the 409
 The wait must not take one of the few worker threads (``worker_threads``) that steps run in:
 held steps sitting there could starve the very predecessor they wait for. So it happens on the
 event loop, before the step is handed to a thread, and reads only what is cheap and local:
-``s`` from the head of the body (``peek_step``; anything unusual is not held and meets the
-normal path's 400), and the applied step of the caller's run in memory
-(``RunCache.peek_owned``, never the database). A run not in memory yet (its first steps, or
+``s`` from the body's top-level map (``peek_step``, in any key order; anything unusual is not
+held and meets the normal path's 400), and the applied step of the caller's run in memory
+(``RunCache.peek_owned``, never the database). A step about to be held is first decoded in
+full, in a worker thread: a malformed body is never held (it gets its 400 at once), however
+well its ``v``, ``t`` and ``s`` are formed. A run not in memory yet (its first steps, or
 the first after a restart) is loaded first in a worker thread, as the step itself would load
 it, with the same 404 for another token's run as for a missing one; the wait starts after.
 A run loaded from a checkpoint older than steps it had applied (after a crash, or taken over
@@ -31,10 +33,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Protocol, TypeVar
 
 from party_b.metrics import Metrics
 from party_b.service.cache import RunCache
-from party_b.service.runstate import Caller, RunState
+from party_b.service.runstate import Caller
+from shared import codec
 from shared.codec import peek_step
 
 __all__ = ["HOLD_SECONDS", "MAX_AHEAD", "Offload", "Turns"]
@@ -50,8 +54,13 @@ MAX_AHEAD = 16
 # only, far below its request timeout (120 s, party_a/transport/http.py).
 HOLD_SECONDS = 5.0
 
-# runs a blocking call in a worker thread (the API's ``in_thread``)
-Offload = Callable[[Callable[[], RunState]], Awaitable[RunState]]
+T = TypeVar("T")
+
+
+class Offload(Protocol):
+    """Runs a blocking call in a worker thread (the API's ``in_thread``)."""
+
+    def __call__(self, fn: Callable[[], T], /) -> Awaitable[T]: ...
 
 
 @dataclass(eq=False)  # each one is itself, whatever its fields
@@ -64,11 +73,19 @@ class _Held:
 class Turns:
     """Held steps per run; ``turn`` around each step request of the HTTP API."""
 
-    def __init__(self, cache: RunCache, metrics: Metrics, hold: float = HOLD_SECONDS) -> None:
-        """``hold``: the longest wait of one step in seconds (0: never hold)."""
+    def __init__(
+        self,
+        cache: RunCache,
+        metrics: Metrics,
+        hold: float = HOLD_SECONDS,
+        limits: codec.DecodeLimits = codec.DEFAULT_LIMITS,
+    ) -> None:
+        """``hold``: the longest wait of one step in seconds (0: never hold); ``limits``:
+        the bounds a body to be held is decoded with (the step's own)."""
         self._cache = cache
         self._metrics = metrics
         self.hold = hold
+        self._limits = limits
         self._held: dict[str, list[_Held]] = {}  # run id -> its held steps
         # run id -> the steps held once and not yet applied: a step is held once only. A
         # client whose timeout is shorter than the hold resends a held step before the hold
@@ -88,7 +105,7 @@ class Turns:
         repeat = False
         try:
             if step is not None and step > 1:  # steps 0 and 1 are never ahead
-                repeat = await self._wait(caller, run_id, step, offload)
+                repeat = await self._wait(caller, run_id, step, body, offload)
             yield
         finally:
             # a resend of a held step is refused at once, which says nothing of its
@@ -102,7 +119,9 @@ class Turns:
         if self._cache.peek_owned(caller, run_id) is not None:
             self._once.pop(run_id, None)
 
-    async def _wait(self, caller: Caller, run_id: str, step: int, offload: Offload) -> bool:
+    async def _wait(
+        self, caller: Caller, run_id: str, step: int, body: bytes, offload: Offload
+    ) -> bool:
         """Hold the step while it is ahead, for at most ``hold`` seconds; True when it is not
         held because it was held before (a resend)."""
         loop = asyncio.get_running_loop()
@@ -123,6 +142,8 @@ class Turns:
             if remaining <= 0 or len(self._held.get(run_id, ())) >= MAX_AHEAD:
                 return False
             if not held:
+                if not await offload(partial(self._decodes, body)):
+                    return False  # malformed: its 400 comes at once, from the normal path
                 if not self._first_hold(run_id, step, applied=step - ahead):
                     return True  # held before: a resend gets its answer (409) at once
                 held = True
@@ -137,6 +158,14 @@ class Turns:
             finally:
                 self._forget(run_id, entry)
             state = self._cache.peek_owned(caller, run_id)
+
+    def _decodes(self, body: bytes) -> bool:
+        """Whether ``body`` is a well-formed StepRequest (decoded in a worker thread)."""
+        try:
+            codec.decode_step_request(body, limits=self._limits)
+        except codec.CodecError:
+            return False
+        return True
 
     def _wake(
         self, caller: Caller, run_id: str, *, answered: int | None, release: bool = False

@@ -4,8 +4,10 @@
     engine.py       make_engine (SQLite made safe for threads and crashes), copy_database
     checkpoints.py  save / load / list / roll back checkpoints (one transaction each)
     queries.py      every other query the service makes
+    ledger.py       the privacy ledger: epsilon spent per run, budgets per token
     tokens.py       API tokens by name or hash, active or all; revoked hashes
     leases.py       which replica holds a run, fenced by a token (claim, fence, release)
+    parties.py      runs with several feature parties: party tokens, traffic per party
 
 Everything is re-exported here: ``from party_b import store`` then ``store.owned_run(...)``.
 """
@@ -18,6 +20,14 @@ from party_b.store.checkpoints import (
 )
 from party_b.store.engine import copy_database, make_engine, make_session_factory
 from party_b.store.leases import claim, fence, is_free, lease_of, release
+from party_b.store.ledger import (
+    add_ledger_entry,
+    ledger_entry,
+    ledger_of,
+    privacy_budget,
+    runs_before_ledger,
+    set_privacy_budget,
+)
 from party_b.store.queries import (
     add_run,
     add_run_privacy,
@@ -42,6 +52,8 @@ from party_b.store.tables import (
     Checkpoint,
     EvalResult,
     IdempotencyKey,
+    PrivacyBudget,
+    PrivacyLedger,
     PsiKey,
     RevokedToken,
     Run,
@@ -63,6 +75,8 @@ __all__ = [
     "Checkpoint",
     "EvalResult",
     "IdempotencyKey",
+    "PrivacyBudget",
+    "PrivacyLedger",
     "PsiKey",
     "RevokedToken",
     "Run",
@@ -70,6 +84,7 @@ __all__ = [
     "RunPrivacy",
     "StepLog",
     "active_tokens",
+    "add_ledger_entry",
     "add_run",
     "add_run_privacy",
     "all_tokens",
@@ -83,6 +98,8 @@ __all__ = [
     "forget_after",
     "is_free",
     "lease_of",
+    "ledger_entry",
+    "ledger_of",
     "load_checkpoint",
     "lock_owner",
     "log_evaluation",
@@ -90,15 +107,18 @@ __all__ = [
     "make_engine",
     "make_session_factory",
     "owned_run",
+    "privacy_budget",
     "psi_key",
     "release",
     "revoked_hash",
     "run_by_id",
     "run_created_with_key",
     "run_privacy",
+    "runs_before_ledger",
     "runs_in_status",
     "runs_of",
     "save_checkpoint",
+    "set_privacy_budget",
     "step_log",
     "token_by_hash",
     "token_named",

@@ -10,6 +10,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, delete, select
 from sqlalchemy.orm import Session
 
+from party_b.store.parties import forget_party_traffic_after
 from party_b.store.tables import Checkpoint, StepLog
 
 __all__ = ["checkpoint_steps", "forget_after", "load_checkpoint", "save_checkpoint"]
@@ -81,4 +82,5 @@ def forget_after(session: Session, run_id: str, step: int) -> int:
     Returns how many logged steps were dropped."""
     dropped = session.execute(delete(StepLog).where(StepLog.run_id == run_id, StepLog.step > step))
     session.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step > step))
+    forget_party_traffic_after(session, run_id, step)  # a run with parties: per party
     return int(cast(CursorResult[Any], dropped).rowcount)

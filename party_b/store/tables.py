@@ -9,22 +9,36 @@ goes into new tables, so upgrading needs no migration.
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Dialect, Float, ForeignKey, Integer, LargeBinary, String
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 __all__ = [
     "ApiToken",
+    "AuditEntry",
     "Base",
     "Checkpoint",
     "EvalResult",
     "IdempotencyKey",
+    "PrivacyBudget",
+    "PrivacyLedger",
     "PsiKey",
     "RevokedToken",
     "Run",
     "RunLease",
     "RunPrivacy",
     "StepLog",
+    "TokenGrant",
 ]
 
 
@@ -218,3 +232,71 @@ class RunLease(Base):
     holder: Mapped[str | None] = mapped_column(String(200), default=None)  # None: released
     token: Mapped[int] = mapped_column(Integer)
     held_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)  # last claim/commit
+
+
+class PrivacyLedger(Base):
+    """The label-DP epsilon each run spent of its owner's labels, one row per run created
+    since accounting existed (``party_b.privacy.accounting``); ``epsilon`` None: the run's
+    policy gives no formal bound (off, or gradient noise alone). No foreign key to ``runs``
+    and not deleted with the run: what party A received from a deleted run stays spent.
+    """
+
+    __tablename__ = "privacy_ledger"
+
+    run_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), index=True)
+    epsilon: Mapped[float | None] = mapped_column(Float, default=None)
+    policy: Mapped[str] = mapped_column(String(400))  # PrivacyPolicy.describe()
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
+
+
+class PrivacyBudget(Base):
+    """The operator's cap on the label-DP epsilon one token's runs may spend in total
+    (``fedlite-b token budget``); a token without a row has no cap."""
+
+    __tablename__ = "privacy_budgets"
+
+    owner_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), primary_key=True)
+    epsilon: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now, onupdate=_now)
+
+
+class TokenGrant(Base):
+    """What a token may do and until when (``party_b.access``): its scopes, expiry, the client
+    certificate it is bound to, and whose runs it acts on.
+
+    A table of its own (a token without a row has every scope and no expiry), so that an
+    older database gains it with ``create_all`` and its tokens keep working as they did.
+    """
+
+    __tablename__ = "token_grants"
+
+    token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), primary_key=True)
+    scopes: Mapped[str] = mapped_column(String(200))  # comma-separated scope names
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
+    # RFC 4514 subject of the client certificate the token must come with (mutual TLS)
+    subject: Mapped[str | None] = mapped_column(String(1000), default=None, index=True)
+    certificate_only: Mapped[bool] = mapped_column(Boolean, default=False)  # no bearer token
+    runs_of: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"), default=None)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
+
+
+class AuditEntry(Base):
+    """One line of party B's audit trail (``party_b.audit``): who did what to which run, with
+    how many ids, when.
+
+    No foreign key to ``runs``: the trail outlives a deleted run (its deletion is an entry).
+    A table of its own, so an older database gains it with ``create_all``.
+    """
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now, index=True)
+    action: Mapped[str] = mapped_column(String(32), index=True)  # party_b.access.Action
+    actor: Mapped[str] = mapped_column(String(120), index=True)  # the token's name
+    subject: Mapped[str | None] = mapped_column(String(1000), default=None)  # client cert
+    run_id: Mapped[str | None] = mapped_column(String(32), default=None, index=True)
+    ids: Mapped[int | None] = mapped_column(Integer, default=None)  # ids aligned / scored
+    outcome: Mapped[str] = mapped_column(String(16), default="ok")  # ok, refused
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -28,7 +28,7 @@ from typing import Any
 
 from torch import nn
 
-from shared.models.femnist import FEMNIST_CUT_DIM, FemnistBottom, femnist_top
+from shared.models.femnist import FemnistBottom, femnist_cut_dim, femnist_top
 from shared.models.layers import (
     KwargValue,
     SeededDropout,
@@ -85,11 +85,12 @@ class _Spec:
 _SPECS: dict[str, _Spec] = {
     "femnist_cnn": _Spec(
         task="classification",
-        bottom_defaults={},
+        # width < 28: a feature party holding some columns of each image (its half)
+        bottom_defaults={"width": 28},
         top_defaults={"num_classes": 62},
         make_bottom=FemnistBottom,
         make_top=femnist_top,
-        cut_dim=lambda: FEMNIST_CUT_DIM,
+        cut_dim=femnist_cut_dim,
     ),
     "tabular_mlp": _Spec(
         task="classification",

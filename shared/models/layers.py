@@ -84,9 +84,13 @@ class SeededDropout(nn.Module):
 
 
 def seed_dropout(module: nn.Module, seed: int) -> None:
-    """Give every SeededDropout inside ``module`` its own generator, derived from ``seed``."""
+    """Give every SeededDropout inside ``module`` its own generator, derived from ``seed``, on
+    the module's device (a CUDA generator draws other masks than a CPU one from one seed:
+    the same run on another device type is another run, as its float rounding already makes
+    it)."""
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
     for index, child in enumerate(m for m in module.modules() if isinstance(m, SeededDropout)):
-        child.generator = torch.Generator().manual_seed((seed + index) % (1 << 63))
+        child.generator = torch.Generator(device).manual_seed((seed + index) % (1 << 63))
 
 
 class TopModel(nn.Module):

@@ -4,6 +4,11 @@ The grouped product quantizer clusters R groups of subvectors per batch; every s
 on a (G, N, s) array: G groups, N points per group, s dimensions per point, and all G groups
 run in one call of a compiled kernel (shared/pq/_kernels.py), with no Python loop over them.
 
+Two backends, one algorithm: the numba kernels here for points in host memory, and torch
+(shared/pq/_torch.py) for points on a GPU, where the data of a GPU run already lives. Both
+make the same seeded random draws; they differ in float rounding only (docstring of _torch.py),
+and each gives the same bits run after run on one device type.
+
 Behaviour that callers can rely on:
 
 * Deterministic: the same points, L and seed give bit-identical output, on any number of
@@ -30,6 +35,7 @@ several threads when the pass is large, shared/pq/_threads.py); then only the po
 label changed move between float64 centroid sums.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -37,36 +43,37 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from shared.pq import _kernels, _lloyd, _seeding, _threads
+from shared.pq import _sampling, _torch
 
-__all__ = ["KMeansResult", "assign", "batched_kmeans", "squared_distances"]
+try:  # the CPU kernels; a machine without numba still runs the torch backend (on a GPU)
+    from shared.pq import _kernels, _lloyd, _seeding, _threads
+except ImportError as missing:  # pragma: no cover - numba is a dependency of the CPU path
+    _NUMBA_MISSING: ImportError | None = missing
+else:
+    _NUMBA_MISSING = None
+
+__all__ = [
+    "Backend",
+    "KMeansResult",
+    "assign",
+    "batched_kmeans",
+    "batched_kmeans_many",
+    "squared_distances",
+]
 
 InitMethod = Literal["kmeans++", "random"]
+# "auto": the torch backend for points on a GPU (or any device but the CPU), the numba kernels
+# for points in host memory; "numba" / "torch" force one (tests, benchmarks)
+Backend = Literal["auto", "numba", "torch"]
 
-# k-means++ is L sequential passes over the points; seeding on a random subsample of this many
-# points per centroid (at least _KMEANSPP_MIN_POINTS) keeps it from dominating at large L.
-_KMEANSPP_POINTS_PER_CENTROID = 16
-_KMEANSPP_MIN_POINTS = 1024
-# A training subsample (max_points_per_centroid) never has fewer points than this: at L = 2
-# faiss's 256 L = 512 points leave FEMNIST activations 1 % worse than all points; over 11
-# seeds, 2048 points 0.48 % worse (median 0.6908), 4096 0.13 % (0.6883; all: 0.6874).
-_MIN_TRAIN_POINTS = 4096
-# ...and one is drawn only when N exceeds it this many times over: below, drawing it and the
-# extra final pass over all points cost more than the smaller iterations save, and training
-# on all points lowers the error (FEMNIST q=288 L=16, N=5760 against 4096: 2.9 ms against
-# 3.3 ms per batch, relative error 0.417 against 0.419; docs/PERFORMANCE.md).
-_SUBSAMPLE_FACTOR = 2
-# Coarse to fine: early iterations move the centroids far and need few points to do it;
-# the last ones settle them and need all. With half the points for the first 6 of 10 and
-# all for the last 4, a batch costs 7 passes over all points instead of 11 (the first
-# assignment and 10 updates): on real activations, 0.82x the time at L = 32 (error 0.4136
-# against 0.4117 on all points; faiss 0.4221) and 0.76x at L = 240 (0.2094 against 0.2092;
-# faiss 0.2100); 3 last iterations instead of 4 were ~5 % faster and 0.1-0.2 % worse
-# (docs/PERFORMANCE.md).
-_REFINE_ITERATIONS = 4
-# ...and only when the coarse fraction still has as many points per group as k-means++
-# seeds on, so that it can place every centroid.
-_COARSE_MIN_POINTS = _KMEANSPP_MIN_POINTS
+# How many points each stage samples: shared with the torch backend (shared/pq/_sampling.py
+# says why each is what it is)
+_KMEANSPP_POINTS_PER_CENTROID = _sampling.KMEANSPP_POINTS_PER_CENTROID
+_KMEANSPP_MIN_POINTS = _sampling.KMEANSPP_MIN_POINTS
+_MIN_TRAIN_POINTS = _sampling.MIN_TRAIN_POINTS
+_SUBSAMPLE_FACTOR = _sampling.SUBSAMPLE_FACTOR
+_REFINE_ITERATIONS = _sampling.REFINE_ITERATIONS
+_COARSE_MIN_POINTS = _sampling.COARSE_MIN_POINTS
 
 
 @dataclass(frozen=True)
@@ -99,16 +106,32 @@ def assign(points: Tensor, centroids: Tensor) -> Tensor:
     """Index of the nearest centroid of every point: (G, N, s), (G, L, s) -> (G, N) int64.
 
     ``||p||^2`` is the same for every centroid, so only ``||c||^2 - 2 p.c`` is compared. Ties
-    go to the lowest index.
+    go to the lowest index. Points on a GPU are assigned there (shared/pq/_torch.py).
     """
+    if _on_device(points, "auto"):
+        return _torch.assign(points.to(torch.float32), centroids)
+    _require_numba()
     p = _as_points(points)
-    c = np.ascontiguousarray(centroids.detach().to(torch.float32).numpy())
+    c = np.ascontiguousarray(centroids.detach().to(torch.float32).cpu().numpy())
     return torch.from_numpy(_kernels.assign_groups(p, c))
+
+
+def _on_device(points: Tensor, backend: str) -> bool:
+    """Whether the torch backend runs: asked for, or "auto" with points off the CPU."""
+    return backend == "torch" or (backend == "auto" and points.device.type != "cpu")
+
+
+def _require_numba() -> None:
+    if _NUMBA_MISSING is not None:
+        raise RuntimeError(
+            f"k-means on CPU tensors needs numba ({_NUMBA_MISSING}); install it, or put the "
+            "points on a GPU (the torch backend)"
+        )
 
 
 def _as_points(points: Tensor) -> np.ndarray:
     """(G, N, s) float32 C-contiguous numpy view (a copy only when needed)."""
-    return np.ascontiguousarray(points.detach().to(torch.float32).numpy())
+    return np.ascontiguousarray(points.detach().to(torch.float32).cpu().numpy())
 
 
 def _transposed(points: np.ndarray) -> np.ndarray:
@@ -199,6 +222,7 @@ def _validate(
     init: str,
     initial_centroids: Tensor | None,
     coarse_fraction: float | None,
+    backend: str = "auto",
 ) -> None:
     """Raise ValueError with a precise message for arguments batched_kmeans cannot use."""
     if points.ndim != 3:
@@ -212,6 +236,8 @@ def _validate(
         raise ValueError(f"iterations must be >= 0, got {iterations}")
     if not points.dtype.is_floating_point:
         raise ValueError(f"points must be floating point, got {points.dtype}")
+    if backend not in ("auto", "numba", "torch"):
+        raise ValueError(f"backend must be 'auto', 'numba' or 'torch', got {backend!r}")
     if init not in ("kmeans++", "random"):
         raise ValueError(f"init must be 'kmeans++' or 'random', got {init!r}")
     if coarse_fraction is not None and not 0.0 < coarse_fraction < 1.0:
@@ -233,6 +259,7 @@ def batched_kmeans(
     initial_centroids: Tensor | None = None,
     threads: int | None = None,
     coarse_fraction: float | None = None,
+    backend: Backend = "auto",
 ) -> KMeansResult:
     """Cluster every group of ``points`` into ``num_centroids`` centroids.
 
@@ -254,15 +281,42 @@ def batched_kmeans(
             iterations on a seeded random subset of this fraction of the training points,
             when it keeps at least max(1024, 16 L) points per group (see
             ``_REFINE_ITERATIONS``); the last 4 iterations and the assignment cover all.
+        backend: "auto" (points on a GPU: torch, shared/pq/_torch.py; in host memory: the
+            numba kernels), or "numba" / "torch" to force one. The backends make the same
+            random draws and differ in float rounding only (see _torch.py).
 
     Returns:
-        :class:`KMeansResult` with centroids (G, L, s) and assignments (G, N).
+        :class:`KMeansResult` with centroids (G, L, s) and assignments (G, N), on the
+        points' device (host memory from the numba kernels).
     """
-    _validate(points, num_centroids, iterations, init, initial_centroids, coarse_fraction)
-    g, n, s = points.shape
-    data = _as_points(points)
+    _validate(points, num_centroids, iterations, init, initial_centroids, coarse_fraction, backend)
+    if _on_device(points, backend):
+        options = (iterations, init, max_points_per_centroid, coarse_fraction)
+        return _torch_kmeans([points], num_centroids, [seed], options, initial_centroids)[0]
+    _require_numba()
     workers = torch.get_num_threads() if threads is None else threads
     rng = np.random.default_rng(seed)
+    data = _as_points(points)
+    initial = None if initial_centroids is None else initial_centroids.detach().cpu()
+    return _numba_kmeans(
+        data, num_centroids, iterations, rng, init, max_points_per_centroid, initial, workers,
+        coarse_fraction,
+    )  # fmt: skip
+
+
+def _numba_kmeans(
+    data: np.ndarray,
+    num_centroids: int,
+    iterations: int,
+    rng: np.random.Generator,
+    init: InitMethod,
+    max_points_per_centroid: int | None,
+    initial_centroids: Tensor | None,
+    workers: int,
+    coarse_fraction: float | None,
+) -> KMeansResult:
+    """``batched_kmeans`` on the numba kernels: data (G, N, s) float32 in host memory."""
+    n = data.shape[1]
     train = data
     if max_points_per_centroid is not None:
         keep = max(_MIN_TRAIN_POINTS, num_centroids * max_points_per_centroid)
@@ -282,3 +336,91 @@ def batched_kmeans(
     return KMeansResult(
         centroids=torch.from_numpy(centroids), assignments=torch.from_numpy(labels), iterations=ran
     )
+
+
+def batched_kmeans_many(
+    points: Sequence[Tensor],
+    num_centroids: int,
+    *,
+    seeds: Sequence[int],
+    iterations: int = 10,
+    init: InitMethod = "kmeans++",
+    max_points_per_centroid: int | None = None,
+    threads: int | None = None,
+    coarse_fraction: float | None = None,
+    backend: Backend = "auto",
+) -> list[KMeansResult]:
+    """``batched_kmeans(points[i], seed=seeds[i], ...)`` for every i (each (G, N_i, s)).
+
+    On the numba kernels, one call after the other. On the torch backend (points on a GPU),
+    the calls whose shapes agree run as one: their groups stacked, each group with its own
+    call's draws, so a training step's client chunks cost one set of kernel launches instead
+    of one per chunk (at FEMNIST's shapes a GPU k-means is launch-bound, not arithmetic).
+    Stacked or not, every group's arithmetic is its own; on a CPU the results are those of
+    separate calls to the bit, on a GPU a batched product may round differently from a
+    single one (the same bits every run either way).
+    """
+    if len(points) != len(seeds):
+        raise ValueError(f"{len(points)} point sets but {len(seeds)} seeds")
+    if not points or not _on_device(points[0], backend):
+        return [
+            batched_kmeans(
+                p,
+                num_centroids,
+                iterations=iterations,
+                seed=seed,
+                init=init,
+                max_points_per_centroid=max_points_per_centroid,
+                threads=threads,
+                coarse_fraction=coarse_fraction,
+                backend=backend,
+            )
+            for p, seed in zip(points, seeds, strict=True)
+        ]
+    for p in points:
+        _validate(p, num_centroids, iterations, init, None, coarse_fraction, backend)
+    options = (iterations, init, max_points_per_centroid, coarse_fraction)
+    return _torch_kmeans(points, num_centroids, seeds, options, None)
+
+
+def _torch_kmeans(
+    points: Sequence[Tensor],
+    num_centroids: int,
+    seeds: Sequence[int],
+    options: tuple[int, str, int | None, float | None],
+    initial_centroids: Tensor | None,
+) -> list[KMeansResult]:
+    """The torch backend on each points[i] with seeds[i]; the calls of one shape stacked into
+    one. ``options``: (iterations, init, max_points_per_centroid, coarse_fraction)."""
+    iterations, init, per_centroid, coarse_fraction = options
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(points):
+        by_shape.setdefault(tuple(p.shape), []).append(i)
+    results: dict[int, KMeansResult] = {}
+    for (g, n, _), calls in by_shape.items():
+        draws = [
+            _torch.draw(
+                g,
+                n,
+                num_centroids,
+                iterations=iterations,
+                seed=seeds[i],
+                init=init,
+                max_points_per_centroid=per_centroid,
+                initial_centroids=initial_centroids is not None,
+                coarse_fraction=coarse_fraction,
+            )
+            for i in calls
+        ]
+        centroids, labels, ran = _torch.batched_kmeans(
+            points[calls[0]] if len(calls) == 1 else torch.cat([points[i] for i in calls]),
+            num_centroids,
+            iterations=iterations,
+            draws=draws[0] if len(calls) == 1 else _torch.Draws.stack(draws),
+            initial_centroids=initial_centroids,
+        )
+        updates = ran.reshape(len(calls), g).amax(1).tolist()  # one wait for the GPU
+        for j, i in enumerate(calls):
+            part = slice(j * g, (j + 1) * g)
+            results[i] = KMeansResult(centroids[part], labels[part], int(updates[j]))
+    return [results[i] for i in range(len(points))]

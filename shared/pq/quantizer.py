@@ -11,12 +11,19 @@ Message size (paper): phi*d*R*L/q + B*q*log2(L) bits against phi*d*B for the raw
 """
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from shared.pq.kmeans import InitMethod, batched_kmeans
+from shared.pq.kmeans import (
+    Backend,
+    InitMethod,
+    KMeansResult,
+    batched_kmeans,
+    batched_kmeans_many,
+)
 from shared.types import WireFloat
 
 __all__ = ["PQConfig", "PQCode", "GroupedProductQuantizer", "MAX_CENTROIDS", "relative_error"]
@@ -47,6 +54,9 @@ class PQConfig:
     # threads one k-means assignment pass may run on; None (default): torch's intra-op setting.
     # The bytes do not depend on it (shared/pq/_threads.py)
     threads: int | None = None
+    # k-means backend: "auto" (torch for activations on a GPU, numba kernels for host memory),
+    # or "numba" / "torch" to force one (shared/pq/kmeans.py); the bytes differ in rounding only
+    backend: Backend = "auto"
 
     def validate(self, d: int) -> None:
         """Raise ValueError with a precise message if this config cannot quantize width d."""
@@ -66,6 +76,8 @@ class PQConfig:
             )
         if self.iterations < 0:
             raise ValueError(f"iterations must be >= 0, got {self.iterations}")
+        if self.backend not in ("auto", "numba", "torch"):
+            raise ValueError(f"backend must be 'auto', 'numba' or 'torch', got {self.backend!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
         if self.max_points_per_centroid is not None and self.max_points_per_centroid < 1:
@@ -148,7 +160,35 @@ class GroupedProductQuantizer:
             coarse_fraction=cfg.coarse_fraction,
             initial_centroids=initial_codebook,
             threads=cfg.threads,
+            backend=cfg.backend,
         )
+        return self._code(result, b)
+
+    def encode_many(self, batches: Sequence[Tensor], *, seeds: Sequence[int]) -> list[PQCode]:
+        """``encode(batches[i], seed=seeds[i])`` for every i: a training step's client chunks.
+
+        The same codes as one call each (to the bit on a CPU); on a GPU the chunks of equal
+        size are clustered in one stacked k-means (``kmeans.batched_kmeans_many``), whose
+        batched products may round differently from single ones, the same way every run.
+        """
+        self._check_batches(batches)
+        cfg = self.config
+        results = batched_kmeans_many(
+            [self.group_points(z.detach().to(torch.float32)) for z in batches],
+            cfg.L,
+            seeds=seeds,
+            iterations=cfg.iterations,
+            init=cfg.init,
+            max_points_per_centroid=cfg.max_points_per_centroid,
+            coarse_fraction=cfg.coarse_fraction,
+            threads=cfg.threads,
+            backend=cfg.backend,
+        )
+        return [self._code(r, z.shape[0]) for r, z in zip(results, batches, strict=True)]
+
+    def _code(self, result: KMeansResult, b: int) -> PQCode:
+        """The code of b rows from their groups' k-means result."""
+        cfg = self.config
         # assignments (r, b*q/r) -> (b, r, q/r) -> (b, q), position-major within each row
         codewords = (
             result.assignments.reshape(cfg.R, b, self.positions_per_group)
@@ -171,7 +211,7 @@ class GroupedProductQuantizer:
         expected = (cfg.R, cfg.L, self.sub_dim)
         if tuple(codebook.shape) != expected:
             raise ValueError(f"codebook shape {tuple(codebook.shape)} != {expected}")
-        centroids = codebook.to(torch.float32)
+        centroids = codebook.to(z.device, torch.float32)
         parts = []
         for block in torch.split(z.detach().to(torch.float32), _ASSIGN_ROWS):
             points = self.group_points(block)  # (r, b*q/r, s)
@@ -185,17 +225,23 @@ class GroupedProductQuantizer:
         return PQCode(codebook=centroids, codewords=torch.cat(parts))
 
     def decode(self, code: PQCode) -> Tensor:
-        """Rebuild Z~ (B, d) float32 from a codebook (R, L, s) and codewords (B, q)."""
+        """Rebuild Z~ (B, d) float32 from a codebook (R, L, s) and codewords (B, q), on the
+        codebook's device."""
         cfg = self.config
         expected = (cfg.R, cfg.L, self.sub_dim)
         if tuple(code.codebook.shape) != expected:
             raise ValueError(f"codebook shape {tuple(code.codebook.shape)} != {expected}")
         if code.codewords.ndim != 2 or code.codewords.shape[1] != cfg.q:
             raise ValueError(f"codewords must be (B, {cfg.q}), got {tuple(code.codewords.shape)}")
-        flat_codebook = code.codebook.reshape(cfg.R * cfg.L, self.sub_dim).numpy()
-        rows = (code.codewords.to(torch.int64) + self._codebook_offset).numpy()  # (b, q)
+        flat = code.codebook.reshape(cfg.R * cfg.L, self.sub_dim)
+        if flat.device.type != "cpu":  # a gather where the codes are (a GPU): same values
+            offset = self._codebook_offset.to(flat.device)
+            rows = code.codewords.to(flat.device, torch.int64) + offset
+            return flat[rows].reshape(-1, self.d)
+        flat_codebook = flat.numpy()
+        rows_np = (code.codewords.to(torch.int64) + self._codebook_offset).numpy()  # (b, q)
         # numpy's take: a fraction of torch's embedding's per-call cost at these sizes
-        return torch.from_numpy(flat_codebook.take(rows, axis=0).reshape(-1, self.d))
+        return torch.from_numpy(flat_codebook.take(rows_np, axis=0).reshape(-1, self.d))
 
     def quantize(self, z: Tensor, *, seed: int) -> tuple[PQCode, Tensor]:
         """Encode z and decode it again: returns the code and Z~ (B, d)."""
@@ -203,14 +249,20 @@ class GroupedProductQuantizer:
         return code, self.decode(code)
 
     def _check_batch(self, z: Tensor) -> None:
-        if z.ndim != 2 or z.shape[1] != self.d:
-            raise ValueError(f"activations must be (B, {self.d}), got {tuple(z.shape)}")
-        if z.shape[0] < 1:
-            raise ValueError("cannot quantize an empty batch")
-        # A finite sum proves every element finite (NaN and Inf propagate) in one pass; only
-        # a sum that overflowed needs the elementwise check.
-        total = float(z.detach().sum())
-        if not math.isfinite(total) and not bool(torch.isfinite(z).all()):
+        self._check_batches([z])
+
+    def _check_batches(self, batches: Sequence[Tensor]) -> None:
+        for z in batches:
+            if z.ndim != 2 or z.shape[1] != self.d:
+                raise ValueError(f"activations must be (B, {self.d}), got {tuple(z.shape)}")
+            if z.shape[0] < 1:
+                raise ValueError("cannot quantize an empty batch")
+        # A finite sum proves every element finite (NaN and Inf propagate) in one pass (and,
+        # on a GPU, one wait for all batches); only a sum that overflowed needs the
+        # elementwise check.
+        sums = [z.detach().sum() for z in batches]
+        total = float(sums[0] if len(sums) == 1 else torch.stack(sums).sum())
+        if not math.isfinite(total) and not all(bool(torch.isfinite(z).all()) for z in batches):
             raise ValueError("activations contain NaN or Inf; refusing to quantize")
 
 

@@ -31,6 +31,8 @@ class MessageType(StrEnum):
     PREDICT_RESPONSE = "pred_res"
     PSI_REQUEST = "psi_request"
     PSI_REPLY = "psi_reply"
+    ALIGN_REQUEST = "align_req"  # shared.alignkeys: a run's aligned key prefixes
+    ALIGN_REPLY = "align_res"
 
 
 def pack(message_type: MessageType, fields: dict[str, Any]) -> bytes:
@@ -68,27 +70,97 @@ def open_message(
     return Fields(obj, message_type.value, expected | {"v", "t"})
 
 
-_HEAD_BYTES = 64  # v, t and s of a StepRequest as party A packs them take under 40 bytes
+# Bytes after the type byte of each fixed-size msgpack item: ints, floats, nil, booleans.
+_FIXED = {0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+_FIXED |= {0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}
+_SIZED = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}  # bin, str: length bytes
+_DEPTH = 8  # a StepRequest nests 3 deep (map -> chunks -> chunk); deeper is not one
+# Items walked at most to find v, t and s: a StepRequest of 4,096 chunks (the decoder's
+# max_chunks) written with its chunks first is about 100,000. Past it, the body is not
+# peeked at (it is decoded the normal way, in a worker thread, with the decoder's limits).
+_BUDGET = 1 << 17
+
+
+class _Walk:
+    """Skips msgpack items by their headers alone: no value is built, nothing is copied."""
+
+    def __init__(self, body: memoryview) -> None:
+        self.body = body
+        self.budget = _BUDGET
+
+    def skip(self, at: int, depth: int = 1) -> int:
+        """The offset just past the item at ``at``. ValueError for what has no place in a
+        well-formed message (ext types, the unused byte 0xc1, nesting past ``_DEPTH``), a
+        cut-off item, or a walk over budget."""
+        self.budget -= 1
+        if depth > _DEPTH or at >= len(self.body) or self.budget < 0:
+            raise ValueError("too deep, cut off or too long to peek at")
+        head = self.body[at]
+        at += 1
+        if head <= 0x7F or head >= 0xE0:
+            return at  # fixint
+        if 0xA0 <= head <= 0xBF:
+            return at + (head & 0x1F)  # fixstr
+        if head in _FIXED:
+            return at + _FIXED[head]
+        if head in _SIZED:
+            width = _SIZED[head]
+            return at + width + self.number(at, width)
+        if 0x80 <= head <= 0x9F:  # fixmap, fixarray
+            items = (head & 0x0F) * (2 if head < 0x90 else 1)
+        elif head in (0xDC, 0xDD, 0xDE, 0xDF):  # array16/32, map16/32
+            width = 2 if head in (0xDC, 0xDE) else 4
+            items = self.number(at, width) * (2 if head >= 0xDE else 1)
+            at += width
+        else:
+            raise ValueError(f"msgpack type byte {head:#x} has no place in a message")
+        for _ in range(items):
+            at = self.skip(at, depth + 1)
+        return at
+
+    def number(self, at: int, width: int) -> int:
+        if at + width > len(self.body):
+            raise ValueError("cut off")
+        return int.from_bytes(self.body[at : at + width], "big")
+
+    def small(self, start: int, end: int) -> object:
+        """The item in [start, end) if it is short (a key, a version, a step), else None."""
+        return msgpack.unpackb(self.body[start:end], raw=False) if end - start <= 16 else None
 
 
 def peek_step(body: bytes) -> int | None:
-    """The step ``s`` of a StepRequest body from its first bytes, or None unless they hold a
-    map that starts with exactly ``v`` (this wire version), ``t`` (``step_req``) and ``s``,
-    in any order (``pack`` puts them first). No allocation beyond the
-    head; the full decode and its 400 stay with the normal path."""
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True)
-    unpacker.feed(body[:_HEAD_BYTES])
-    head: dict[object, object] = {}
+    """The step ``s`` of a StepRequest body, read without decoding it: the entries of its
+    top-level map are walked (values skipped by their headers) until ``v``, ``t`` and ``s``
+    are found, in whatever order the sender wrote them (the order of a map's keys carries
+    no meaning, docs/PROTOCOL.md section 1). None unless the body is a map whose ``v`` is
+    this wire version, ``t`` is ``step_req`` and ``s`` a step number; the full decode (and
+    its 400 for a malformed body) stays with the normal path."""
+    walk = _Walk(memoryview(body))
+    found: dict[object, object] = {}
     try:
-        for _ in range(min(unpacker.read_map_header(), 3)):
-            key = unpacker.unpack()
-            if key not in ("v", "t", "s") or key in head:
-                return None
-            head[key] = unpacker.unpack()
+        head = walk.body[0] if body else 0
+        if 0x80 <= head <= 0x8F:
+            entries, at = head & 0x0F, 1
+        elif head in (0xDE, 0xDF):
+            width = 2 if head == 0xDE else 4
+            entries, at = walk.number(1, width), 1 + width
+        else:
+            return None  # not a map
+        for _ in range(entries):
+            key_end = walk.skip(at)
+            value_end = walk.skip(key_end)
+            key = walk.small(at, key_end)
+            if key in ("v", "t", "s"):
+                if key in found:
+                    return None  # a repeated key: the decoder refuses the body
+                found[key] = walk.small(key_end, value_end)
+                if len(found) == 3:
+                    break
+            at = value_end
     except (msgpack.UnpackException, ValueError):
-        return None  # not msgpack, not a map, or cut off within the head
-    step = head.get("s")
-    if head.get("v") != WIRE_VERSION or head.get("t") != MessageType.STEP_REQUEST.value:
+        return None
+    step = found.get("s")
+    if found.get("v") != WIRE_VERSION or found.get("t") != MessageType.STEP_REQUEST.value:
         return None
     if type(step) is not int or not 0 <= step <= MAX_STEP:
         return None

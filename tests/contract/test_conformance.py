@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -61,6 +62,121 @@ def test_every_derived_values_spec_names_a_section_of_the_text() -> None:
 # ------------------------------------------------------------------ written from the text
 
 
+def _fields(data: bytes) -> dict[str, Any]:
+    """A message's fields as plain values, whatever its key order."""
+    import msgpack
+
+    fields: dict[str, Any] = msgpack.unpackb(data)
+    return fields
+
+
+def test_every_request_vector_decodes_to_its_fields_in_either_key_order() -> None:
+    from shared import codec
+
+    decoders = {
+        "step_req": codec.decode_step_request,
+        "eval_req": codec.decode_evaluate_request,
+        "pred_req": codec.decode_predict_request,
+    }
+    for case in _cases("requests"):
+        given, output = case["input"], case["output"]
+        message, reordered = (bytes.fromhex(output[k]) for k in ("message", "reordered"))
+        assert len(message) == output["bytes"] and _fields(message) == _fields(reordered)
+        for data in (message, reordered):
+            decoded = decoders[given["t"]](data)
+            chunks = [
+                {"k": "raw", "x": c.activations.tolist()}
+                if isinstance(c, codec.RawActivations)
+                else {"k": "pq", "cb": c.codebook.tolist(), "codewords": c.codewords.tolist()}
+                for c in decoded.chunks
+            ]
+            if given["dtype"] == "float32":  # float16 rounds: checked by the bytes above
+                assert chunks == given["chunks"], case["name"]
+
+
+def test_the_text_alone_writes_the_request_vectors_byte_for_byte() -> None:
+    """The independent client (tests/independent_client, written from the documents) encodes
+    the bit-packed float32 cases to exactly the vectors' bytes."""
+    from tests.independent_client import messages
+
+    written = 0
+    for case in _cases("requests"):
+        given = case["input"]
+        if given["dtype"] != "float32" or given["codewords"] != "packed":
+            continue
+        chunks = [
+            messages.raw_chunk(np.array(c["x"], dtype=np.float32))
+            if c["k"] == "raw"
+            else messages.pq_chunk(np.array(c["cb"], dtype=np.float32), np.array(c["codewords"]))
+            for c in given["chunks"]
+        ]
+        if given["t"] == "step_req":
+            data = messages.step_request(given["s"], bytes.fromhex(given["h"]), chunks)
+        elif given["t"] == "eval_req":
+            data = messages.evaluate_request(bytes.fromhex(given["h"]), chunks)
+        else:
+            data = messages.predict_request(given["ids"], chunks)
+        assert data.hex() == case["output"]["message"], case["name"]
+        written += 1
+    assert written >= 4
+
+
+def test_the_text_alone_fuses_the_parties_and_slices_their_gradients() -> None:
+    """Section 12.6's table, in numpy: concat side by side, sum, mean; each party's columns,
+    the whole gradient, or it over N."""
+    for case in _cases("parties"):
+        given, output = case["input"], case["output"]
+        if "fusion" not in given:
+            continue
+        z = [np.array(p, dtype=np.float32) for p in given["z"]]
+        g = np.array(given["G"], dtype=np.float32)
+        if given["fusion"] == "concat":
+            fused = np.concatenate(z, axis=1)
+            edges = np.cumsum([p.shape[1] for p in z])[:-1]
+            grads = np.split(g, edges, axis=1)
+        else:
+            fused = z[0].copy()
+            for part in z[1:]:
+                fused = fused + part
+            share = g if given["fusion"] == "sum" else g / np.float32(len(z))
+            if given["fusion"] == "mean":
+                fused = fused / np.float32(len(z))
+            grads = [share] * len(z)
+        assert fused.tolist() == output["Z"], case["name"]
+        assert [x.tolist() for x in grads] == output["g"], case["name"]
+
+
+def test_the_psi_vector_is_a_real_intersection_under_its_keys() -> None:
+    import private_set_intersection.python as psi_library
+
+    from shared.psi import PsiServer, decode_psi_reply, decode_psi_request
+
+    (case,) = _cases("psi")
+    given, output = case["input"], case["output"]
+    client = psi_library.client.CreateFromKey(bytes.fromhex(given["client_key"]), True)
+    request = client.CreateRequest(given["client_ids"]).SerializeToString()
+    server = PsiServer(given["server_ids"], bytes.fromhex(given["server_key"]))
+    response, count = server.respond(request, max_ids=10)
+    assert (request.hex(), server.setup.hex(), response.hex()) == (
+        output["request"],
+        output["setup"],
+        output["response"],
+    )
+    assert decode_psi_request(bytes.fromhex(output["psi_request"])).request == request
+    reply = decode_psi_reply(bytes.fromhex(output["psi_reply"]))
+    assert (reply.setup, reply.response) == (server.setup, response)
+    setup, answer = psi_library.ServerSetup(), psi_library.Response()
+    setup.ParseFromString(reply.setup)
+    answer.ParseFromString(reply.response)
+    found = sorted(given["client_ids"][i] for i in client.GetIntersection(setup, answer))
+    assert (
+        found
+        == output["intersection"]
+        == sorted(set(given["client_ids"]) & set(given["server_ids"]))
+    )
+    assert count == len(given["client_ids"])
+
+
 def test_the_text_alone_decodes_every_downlink_representation() -> None:
     for case in _cases("downlink"):
         message = bytes.fromhex(case["output"]["message"])
@@ -82,6 +198,28 @@ def test_the_text_alone_gives_the_aligned_keys() -> None:
         keys = [doc.aligned_key(given["alignment_key"], i).hex() for i in given["ids"]]
         aligned = [k.hex() for k in doc.aligned_list(given["alignment_key"], given["ids"])]
         assert (keys, aligned) == (out["keys"], out["aligned"]), case["name"]
+
+
+def test_the_text_alone_gives_the_binary_alignment() -> None:
+    """PROTOCOL.md 8.1 with msgpack and the aligned keys of 9.1, nothing from shared/."""
+    for case in _cases("align_keys"):
+        given, out = case["input"], case["output"]
+        p, key = given["prefix"], given["alignment_key"]
+        keys = {i: doc.aligned_key(key, i) for i in given["party_a_ids"]}
+        offered = sorted(given["party_a_ids"], key=lambda i: keys[i][:p])
+        request = {"v": 1, "t": "align_req", "p": p, "k": b"".join(keys[i][:p] for i in offered)}
+        bits = [i in set(given["party_b_ids"]) for i in offered]
+        bitmap = bytes(
+            sum(bit << (7 - j) for j, bit in enumerate(bits[at : at + 8]))
+            for at in range(0, len(bits), 8)
+        )
+        train, eval_ = doc.split(sum(bits), given["seed"], given["eval_fraction"])
+        reply = {"v": 1, "t": "align_res", "n": len(offered), "m": bitmap}
+        reply |= {"train": len(train), "eval": len(eval_)}
+        assert offered == out["offered"], case["name"]
+        assert msgpack.packb(request).hex() == out["request"], case["name"]
+        assert bitmap.hex() == out["kept_bitmap"], case["name"]
+        assert msgpack.packb(reply).hex() == out["reply"], case["name"]
 
 
 def test_the_text_alone_gives_the_sha256_orders() -> None:

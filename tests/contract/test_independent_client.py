@@ -20,6 +20,7 @@ fedlite-a's), and ends with fedlite-a's top-model checksum.
 import ast
 import csv
 import gzip
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from tests.utils.party_a import breast_config, make_trainer
 from tests.utils.small_runs import TOKEN
 
 PACKAGE = Path(__file__).resolve().parents[1] / "independent_client"
-ALLOWED = {"hashlib", "hmac", "math", "uuid", "dataclasses", "typing", "collections"}
+ALLOWED = {"hashlib", "hmac", "math", "uuid", "dataclasses", "typing", "collections", "time"}
 ALLOWED |= {"numpy", "httpx", "msgpack", "tests"}
 
 
@@ -120,7 +121,10 @@ def _host_table() -> tuple[list[str], np.ndarray]:
 def party_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     guest, _host = breast_pair()  # skips (or fails in CI) without ../shared/data
     tmp = tmp_path_factory.mktemp("independent")
-    settings = PartyBSettings(data_dir=tmp / "b", labels=guest, tokens=f"t:{TOKEN}")
+    # privacy off: the tests compare one run's losses, evaluations and model with another
+    # run's, byte for byte; label DP (the default) randomizes each run's labels afresh and
+    # sends no loss
+    settings = PartyBSettings(data_dir=tmp / "b", labels=guest, tokens=f"t:{TOKEN}", privacy="off")
     with live_server(create_app(settings)) as url:
         yield url
 
@@ -217,3 +221,107 @@ def test_the_independent_client_ends_with_fedlite_as_top_model(
         run = party_a.finish()
     assert len(recording.steps) == 30
     assert run["model_sha256"] == expected
+
+
+# ------------------------------------------------------------------ several feature parties
+
+THIRDS = {"left": slice(0, 7), "middle": slice(7, 14), "right": slice(14, 20)}
+WIDTHS = {"left": 4, "middle": 4, "right": 8}
+
+
+def _three_parties(
+    url: str, name: str, protocol: object | None
+) -> tuple[dict[str, Any], dict[str, list[float]], dict[str, Any]]:
+    """A run of three independent parties (the host's columns in thirds, each its own width
+    and bottom model), created by the owner, its party tokens issued by party B's operator
+    (the CLI); every party aligns, trains, evaluates, predicts and finishes at once."""
+    import subprocess
+    import sys
+    import threading
+
+    from tests.independent_client.parties import (
+        IndependentParty,
+        PartySettings,
+        parties_run_create,
+    )
+
+    ids, features = _host_table()
+    settings = {p: PartySettings(party=p, cut_dim=d, q=d // 2, L=4) for p, d in WIDTHS.items()}
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as owner:
+        run = owner.post("/v1/runs", json=parties_run_create(name, list(settings.values())))
+    assert run.status_code == 201, run.text
+    run_id = run.json()["id"]
+    data_dir = Path(url_data[url])
+    issued = subprocess.run(
+        [sys.executable, "-m", "party_b.ops.cli", "parties", "tokens", "--run", run_id,
+         "--data-dir", str(data_dir)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    tokens = json.loads(issued.stdout)["tokens"]
+    out: dict[str, Any] = {}
+    losses: dict[str, list[float]] = {}
+    errors: list[BaseException] = []
+
+    def party(p: str) -> None:
+        try:
+            auth = {"Authorization": f"Bearer {tokens[p]}"}
+            with httpx.Client(base_url=url, headers=auth, timeout=120) as http:
+                me = IndependentParty(http, ids, features[:, THIRDS[p]], settings[p], protocol)  # type: ignore[arg-type]
+                me.join_and_align()
+                for t in range(1, settings[p].steps + 1):
+                    last = me.step(t)
+                assert me.resend(last) == me.resend(last)  # stored bytes, per party
+                evaluation = me.evaluate()
+                prediction = me.predict(me.eval[:5])
+                out[p] = {"eval": evaluation, "pred": prediction, "run": me.finish()}
+                losses[p] = me.losses
+        except BaseException as exc:  # re-raised in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=party, args=(p,)) for p in WIDTHS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    if errors:
+        raise errors[0]
+    return out, losses, run.json()
+
+
+url_data: dict[str, str] = {}  # party B's URL -> its data directory (the operator's CLI)
+
+
+@pytest.fixture(scope="module")
+def party_b_with_data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    guest, _host = breast_pair()
+    tmp = tmp_path_factory.mktemp("independent-parties")
+    # two runs compared to the bit: no per-run randomized labels (label DP is per run)
+    settings = PartyBSettings(data_dir=tmp / "b", labels=guest, tokens=f"t:{TOKEN}", privacy="off")
+    with live_server(create_app(settings)) as url:
+        url_data[url] = str(tmp / "b")
+        yield url
+
+
+def test_three_independent_parties_train_one_run_like_our_reference(
+    party_b_with_data: str,
+) -> None:
+    """docs/PROTOCOL.md section 12 alone is enough for a three-party run: three parties
+    written from the documents (each its own columns, width, bottom model and token) train,
+    evaluate, predict and finish one run; with our reference code in their place the top
+    model ends bit-identical."""
+    url = party_b_with_data
+    ours, losses, _run = _three_parties(url, "independent-parties", None)
+    theirs, reference_losses, _ = _three_parties(url, "reference-parties", ReferenceProtocol())
+
+    steps = len(losses["left"])
+    assert steps == 30 and all(v == losses["left"] for v in losses.values())  # one loss a step
+    assert np.mean(losses["left"][-10:]) < np.mean(losses["left"][:10])  # it learns
+    assert losses == reference_losses
+    evaluations = {p: o["eval"] for p, o in ours.items()}
+    assert all(e == evaluations["left"] for e in evaluations.values())
+    assert "accuracy" in evaluations["left"][2]
+    scores = [o["pred"][1] for o in ours.values()]
+    assert all(np.array_equal(s, scores[0]) for s in scores) and scores[0].shape == (5, 2)
+    runs = [o["run"] for o in (*ours.values(), *theirs.values())]
+    assert {r["status"] for r in runs} == {"finished"} and {r["step"] for r in runs} == {30}
+    assert {r["model_sha256"] for r in runs[:3]} == {r["model_sha256"] for r in runs[3:]}

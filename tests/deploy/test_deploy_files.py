@@ -164,7 +164,7 @@ def _sh(*cmd: str, env: dict[str, str] | None = None) -> subprocess.CompletedPro
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
-@pytest.mark.timeout(1500)  # unpacks torch into a fresh venv: ~1 min idle, much more under load
+@pytest.mark.timeout(2400)  # unpacks torch into a fresh venv: ~1 min idle, much more under load
 def test_the_party_b_image_install_lines_give_a_lean_install_that_runs_the_demo(
     tmp_path: Path,
 ) -> None:
@@ -201,6 +201,14 @@ def test_the_party_b_image_install_lines_give_a_lean_install_that_runs_the_demo(
     assert imports.stdout.startswith("2.13.0") and imports.stdout.rstrip().endswith("[]")
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "held-out accuracy" in demo.stdout and "shut down cleanly" in demo.stdout
+    # `make demo-parties`: party B and two feature parties, in the same lean install
+    parties = subprocess.run(
+        [python, str(ROOT / "examples" / "demo_parties.py"), "--dir", str(tmp_path / "parties")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert parties.returncode == 0, parties.stdout[-3000:] + parties.stderr[-3000:]
+    assert "AUC" in parties.stdout and "right  uplink" in parties.stdout
+    assert "shut down cleanly" in parties.stdout
 
 
 # ============================================================================ compose

@@ -19,6 +19,7 @@ from party_b import auth
 from party_b.api import create_app
 from party_b.settings import Settings
 from party_b.store import make_engine, make_session_factory
+from shared.alignkeys import encode_align_request, request_for
 from tests.utils.data import breast_pair
 from tests.utils.live import live_server
 from tests.utils.servers import ALICE, MALLORY, REPO_ROOT, PartyBProcess, breast_party_b
@@ -62,14 +63,20 @@ def test_another_token_gets_404_on_every_run_route_and_changes_nothing(
             "evaluate": {"content": run.evaluate_body(), "headers": MSGPACK},
             "predict": {"content": run.predict_body(), "headers": MSGPACK},
             "alignment": {"json": {"hashed_ids": [k.hex() for k in run.aligned]}},
+            "keys": {
+                "content": encode_align_request(request_for(run.aligned)[0]),
+                "headers": MSGPACK,
+            },
             "resume": {"json": {"from_step": 0}},
         }
         # every route of the app, from its OpenAPI document (FastAPI keeps included routers'
         # routes behind wrappers in app.routes)
+        # (a run's feature parties' routes take party tokens only: tests/party_b/service/
+        # test_parties.py::test_every_party_route_takes_its_own_party_token_only)
         routes = [
             (method.upper(), path)
             for path, operations in app.openapi()["paths"].items()
-            if "{run_id}" in path
+            if "{run_id}" in path and "/parties/" not in path
             for method in sorted(operations)
         ]
         assert len(routes) >= 9, routes  # every run route the app has, present and future

@@ -7,4 +7,5 @@ documents did not say, the documents were fixed.
 ``derived``: aligned keys, the split, the ``shuffle`` schedule and digests (section 9).
 ``messages``: the msgpack messages and codeword bit packing (sections 1-4).
 ``client``: the HTTP binding (section 10) and a training loop with a numpy bottom model.
+``parties``: one feature party of a run with several (section 12), on its own routes.
 """

@@ -159,12 +159,14 @@ class IndependentPartyA:
             ),
             201,
         )
-        self.run_id, key_hex = created["id"], created["alignment_key"]
+        self.run_id = created["id"]
+        self._align(created["alignment_key"], self._route("alignment"))
+        return created
+
+    def _align(self, key_hex: str, path: str) -> dict[str, Any]:
+        """10.4: the aligned keys of all our ids; the aligned list and split from the answer."""
         mine = {derived.aligned_key(key_hex, i).hex(): i for i in self.row_of}
-        answer = self._ok(
-            self.http.post(f"/v1/runs/{self.run_id}/alignment", json={"hashed_ids": list(mine)}),
-            200,
-        )
+        answer = self._ok(self._post(path, json={"hashed_ids": list(mine)}), 200)
         common = [mine[k] for k in answer["intersection"]]
         self.aligned = self.protocol.aligned_list(key_hex, common)
         if [k.hex() for k in self.aligned] != answer["intersection"]:
@@ -175,7 +177,14 @@ class IndependentPartyA:
         )
         if (len(self.train), len(self.eval)) != (answer["train"], answer["eval"]):
             raise AssertionError(f"split sizes differ from party B's: {answer}")
-        return created
+        return answer
+
+    def _route(self, name: str) -> str:
+        """The path of one of the run's routes (10.2)."""
+        return f"/v1/runs/{self.run_id}/{name}"
+
+    def _post(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.http.post(path, **kwargs)
 
     def step(self, t: int) -> bytes:
         """10.5: step t; returns the request body (to resend it as is)."""
@@ -188,7 +197,7 @@ class IndependentPartyA:
         chunk, z_tilde = self._quantize(z)
         h = self.protocol.digest([self.aligned[p] for p in positions])
         body = self.protocol.step_request(t, h, [chunk])
-        answer = self.http.post(f"/v1/runs/{self.run_id}/steps", content=body, headers=_MSGPACK)
+        answer = self._post(self._route("steps"), content=body, headers=_MSGPACK)
         step, loss, g = self.protocol.step_response(self._ok_bytes(answer))
         if step != t or g.shape != z.shape:
             raise AssertionError(f"step {t}: answered step {step}, gradient {g.shape}")
@@ -206,14 +215,14 @@ class IndependentPartyA:
         batch = self.protocol.batch(t, len(self.train), s.batch_size, s.seed)
         h = self.protocol.digest([self.aligned[self.train[i]] for i in batch])
         body = self.protocol.step_request(t, h, chunks)
-        answer = self.http.post(f"/v1/runs/{self.run_id}/steps", content=body, headers=_MSGPACK)
+        answer = self._post(self._route("steps"), content=body, headers=_MSGPACK)
         step, loss, g = self.protocol.step_response(self._ok_bytes(answer))
         if step != t:
             raise AssertionError(f"step {t}: answered step {step}")
         return body, loss, g
 
     def resend(self, body: bytes) -> bytes:
-        answer = self.http.post(f"/v1/runs/{self.run_id}/steps", content=body, headers=_MSGPACK)
+        answer = self._post(self._route("steps"), content=body, headers=_MSGPACK)
         return self._ok_bytes(answer)
 
     def evaluate(self) -> tuple[int, float, dict[str, float]]:
@@ -225,9 +234,7 @@ class IndependentPartyA:
         ]
         h = self.protocol.digest([self.aligned[p] for p in self.eval])
         body = self.protocol.evaluate_request(h, chunks)
-        answer = self.http.post(
-            f"/v1/runs/{self.run_id}/evaluate?split=eval", content=body, headers=_MSGPACK
-        )
+        answer = self._post(self._route("evaluate?split=eval"), content=body, headers=_MSGPACK)
         return self.protocol.evaluate_response(self._ok_bytes(answer))
 
     def predict(self, positions: list[int]) -> tuple[list[str], np.ndarray]:
@@ -235,7 +242,7 @@ class IndependentPartyA:
         z = self._rows(positions) @ self.W + self.b
         ids = [self.aligned[p].hex() for p in positions]
         body = self.protocol.predict_request(ids, [self._quantize(z)[0]])
-        answer = self.http.post(f"/v1/runs/{self.run_id}/predict", content=body, headers=_MSGPACK)
+        answer = self._post(self._route("predict"), content=body, headers=_MSGPACK)
         return self.protocol.predict_response(self._ok_bytes(answer))
 
     def finish(self) -> dict[str, Any]:

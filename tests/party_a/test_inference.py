@@ -24,6 +24,7 @@ from party_a.features import FeatureTable, FeatureTransform
 from party_a.store import LocalStore, RunServing
 from party_a.trainer import PartyATrainer
 from party_b.inprocess import InProcessTransport, in_process_party_b
+from party_b.privacy import parse_policy
 from party_b.service import Service
 from party_b.service.runstate import Caller
 from shared.pq.quantizer import GroupedProductQuantizer, PQConfig
@@ -47,7 +48,11 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PartyATrainer]
     tmp = tmp_path_factory.mktemp("serving")
     features, labels = _data()
     features = replace(features, standardize=True)
-    party_b = in_process_party_b(labels, tmp / "b.sqlite")
+    # the tests score training rows too: a policy that answers for them (the default,
+    # label DP, does; off does not unless told)
+    party_b = in_process_party_b(
+        labels, tmp / "b.sqlite", privacy=parse_policy("off,predict_train_ids=true")
+    )
     trainer = _trainer(tmp, features, party_b)
     trainer.prepare()
     trainer.train()

@@ -146,12 +146,12 @@ def _stored_before_versions(
             name=trainer.config.run.name,
             remote_id=run.id,
             # as written then: without the settings added since (pipelining, downlink,
-            # codeword coding, AdaGrad's options)
+            # codeword coding, AdaGrad's options, the party of a run with several)
             config=trainer.config.model_dump(
                 mode="json",
                 by_alias=True,
                 exclude={
-                    "run": {"pipeline_depth", "downlink"},
+                    "run": {"pipeline_depth", "downlink", "device", "party"},
                     "quantizer": {"codewords"},
                     "optimizer": {s: {"initial_accumulator", "eps"} for s in ("bottom", "top")},
                 },

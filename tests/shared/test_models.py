@@ -334,7 +334,7 @@ def test_build_top_unknown_name_lists_valid_names() -> None:
     ("name", "kwargs", "match"),
     [
         ("tabular_mlp", {"width": 3}, r"unknown kwargs \['width'\]; valid kwargs: cut_dim, hidden"),
-        ("femnist_cnn", {"in_features": 3}, "valid kwargs: none"),
+        ("femnist_cnn", {"in_features": 3}, "valid kwargs: width"),
         ("tabular_mlp", {"cut_dim": 0}, "cut_dim=0 must be an int >= 1"),
         ("tabular_mlp", {"cut_dim": True}, "cut_dim=True must be an int"),
         ("tabular_mlp", {"cut_dim": 3.0}, "cut_dim=3.0 must be an int"),
@@ -421,3 +421,14 @@ def test_seeded_dropout_is_reproducible_and_independent_of_global_rng() -> None:
 
     torch.testing.assert_close(first, second)
     assert not torch.allclose(first, third)
+
+
+def test_a_femnist_bottom_on_half_images_has_the_cut_width_of_half_images() -> None:
+    """A feature party holding the left (or right) 14 columns of every image: 28 x 14 ->
+    two 3x3 convolutions and a 2x2 pool -> 12 x 5 x 64 = 3840, flattened channels last."""
+    assert cut_dim("femnist_cnn", width=14) == 3840 and cut_dim("femnist_cnn") == 9216
+    bottom = build_bottom("femnist_cnn", width=14)
+    images = torch.rand(3, 28, 28)
+    assert bottom(images[:, :, :14].reshape(3, 392)).shape == (3, 3840)
+    with pytest.raises(ValueError, match=r"\(b, 1, 28, 14\) or \(b, 392\)"):
+        bottom(images.reshape(3, 784))

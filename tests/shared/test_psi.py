@@ -23,6 +23,7 @@ from party_b import auth
 from party_b.inprocess import InProcessTransport
 from party_b.labels import load_label_table
 from party_b.metrics import Metrics
+from party_b.privacy import parse_policy
 from party_b.service import Caller, Service, build_service
 from party_b.settings import Limits
 from party_b.store import make_engine, make_session_factory
@@ -165,7 +166,15 @@ def party_b_service(tmp_path: Path) -> Iterator[tuple[Service, Caller, Path]]:
         row = auth.authenticate(session, TOKEN)
         assert row is not None
     labels = load_label_table(b_path, id_column="id", label_column="y", feature_columns=None)
-    service = build_service(sessions=sessions, labels=labels, limits=Limits(), metrics=Metrics())
+    # predict answers for training ids: the test predicts on rows the run may have trained
+    # on, and is about party A's intersection check, not party B's privacy policy
+    service = build_service(
+        sessions=sessions,
+        labels=labels,
+        limits=Limits(),
+        metrics=Metrics(),
+        privacy=parse_policy("off,predict_train_ids=true"),
+    )
     yield service, Caller(token_id=row.id, name="alice"), a_path
     engine.dispose()
 

@@ -9,6 +9,7 @@ the tests whose subject is the process (start-up time, signals, what the shell s
 
 import contextlib
 import io
+import logging
 import os
 import subprocess
 import sys
@@ -81,9 +82,33 @@ def _main(party: str) -> "Callable[[list[str]], int]":
     return main_b
 
 
+# loggers the CLIs configure (handlers, level, propagation): put back after each call
+_LOGGERS = ("", "fedlite", "fedlite.party_a", "fedlite.party_b", "httpx", "uvicorn")
+
+
+@contextlib.contextmanager
+def _fresh_logging() -> Iterator[None]:
+    """Logging as a new process has it (no handlers, so the CLI's own set-up takes effect
+    and writes to the redirected stderr), restored afterwards."""
+    loggers = [logging.getLogger(name) for name in _LOGGERS]
+    saved = [(lg, lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.handlers = []
+    logging.getLogger().setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, handlers, level, propagate in saved:
+            for handler in lg.handlers:
+                if handler not in handlers:
+                    handler.close()
+            lg.handlers, lg.level, lg.propagate = handlers, level, propagate
+
+
 @contextlib.contextmanager
 def _as_process(cwd: Path, env: dict[str, str]) -> Iterator[tuple[io.StringIO, io.StringIO]]:
-    """The working directory, environment and standard streams a process would have."""
+    """The working directory, environment, standard streams and logging a process would
+    have."""
     out, err = io.StringIO(), io.StringIO()
     before = os.getcwd()
     with (
@@ -91,6 +116,7 @@ def _as_process(cwd: Path, env: dict[str, str]) -> Iterator[tuple[io.StringIO, i
         mock.patch.dict(os.environ, env, clear=True),
         contextlib.redirect_stdout(out),
         contextlib.redirect_stderr(err),
+        _fresh_logging(),
     ):
         os.chdir(cwd)
         try:

@@ -20,11 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from party_b.privacy import METRICS_POLICIES, PrivacyPolicy
 from party_b.privacy.defences import visible_metrics
-from shared import codec
+from shared import alignkeys, codec
 from shared.alignment import hmac_ids, order_by_raw_id
 from shared.schedule import (
     ClientBatches,
@@ -396,8 +397,9 @@ def codewords_cases() -> tuple[str, str, list[Case]]:
 def step_reply_cases() -> tuple[str, str, list[Case]]:
     about = (
         "One StepResponse as party B encodes it under each metrics policy of a run (all, "
-        "loss, none): the loss l (null: NaN on the wire) and metrics m it carries, and the "
-        "whole message as hex. The gradient is the same in every case."
+        "loss, none; none is what the default policy, protected, sends): the loss l (null: "
+        "NaN on the wire) and metrics m it carries, and the whole message as hex. The "
+        "gradient is the same in every case."
     )
     grad = np.array([[0.5, -0.25, 1.0], [-0.125, 2.0, 0.0]], dtype=np.float32)
     loss, metrics = 0.6931471805599453, {"n": 2.0, "accuracy": 0.5}
@@ -422,6 +424,247 @@ def step_reply_cases() -> tuple[str, str, list[Case]]:
     return "What a step reply carries", about, cases
 
 
+def align_keys_cases() -> tuple[str, str, list[Case]]:
+    about = (
+        "The binary alignment: party A's AlignRequest for the ids of its PSI intersection "
+        "(the first `prefix` bytes of each aligned key, sorted ascending as bytes, "
+        "concatenated in field k), and party B's AlignReply: one bit per request key, most "
+        "significant bit first, set where party B holds the id (and it has a label), then the "
+        "split sizes of the kept keys. `offered` lists the ids in the request's order; "
+        "`kept` the ids whose bits are set. Messages in hex."
+    )
+    given = [
+        ("worked example", EXAMPLE_KEY, ["u10", "u9", "u2"], ["u2", "u9", "u5"], 8, 0.25),
+        ("twelve ids, 16-byte prefixes", EXAMPLE_KEY, EXAMPLE_IDS, EXAMPLE_IDS[2:], 16, 0.25),
+        ("whole keys", "ff" * 32, ["a", "b", "c", "d", "e"], ["b", "d", "e", "z"], 32, 0.5),
+    ]
+    cases = []
+    for name, key_hex, a_ids, b_ids, prefix, eval_fraction in given:
+        key = bytes.fromhex(key_hex)
+        a_keys = hmac_ids(key, a_ids)
+        request, ordered = alignkeys.request_for(a_keys, prefix)
+        by_key = dict(zip(a_keys, a_ids, strict=True))
+        b_keys = set(hmac_ids(key, b_ids))
+        matched = alignkeys.match_prefixes(sorted(b_keys), request)
+        kept = [k for k, m in zip(ordered, matched, strict=True) if m is not None]
+        aligned = order_by_raw_id(a_ids, a_keys, set(kept))
+        train, eval_ = split_train_eval(len(aligned), seed=0, eval_fraction=eval_fraction)
+        bitmap = alignkeys.kept_bitmap(matched, set(kept))
+        reply = alignkeys.AlignReply(n=request.n, kept=bitmap, train=len(train), eval=len(eval_))
+        output = {
+            "offered": [by_key[k] for k in ordered],
+            "request": alignkeys.encode_align_request(request).hex(),
+            "kept_bitmap": bitmap.hex(),
+            "kept": [by_key[k] for k in kept],
+            "reply": alignkeys.encode_align_reply(reply).hex(),
+        }
+        given_case = {
+            "alignment_key": key_hex,
+            "party_a_ids": a_ids,
+            "party_b_ids": b_ids,
+            "prefix": prefix,
+            "seed": 0,
+            "eval_fraction": eval_fraction,
+        }
+        cases.append(_case(name, given_case, output))
+    return "Binary alignment", about, cases
+
+
+def _chunk_json(chunk: codec.Activations) -> dict[str, Any]:
+    """A chunk as the vectors write it: what a sender starts from, in JSON."""
+    if isinstance(chunk, codec.RawActivations):
+        return {"k": "raw", "x": chunk.activations.tolist()}
+    return {"k": "pq", "cb": chunk.codebook.tolist(), "codewords": chunk.codewords.tolist()}
+
+
+def requests_cases() -> tuple[str, str, list[Case]]:
+    about = (
+        "The messages party A sends party B (StepRequest, EvaluateRequest, PredictRequest), "
+        "each from its fields to its bytes as our encoder writes them: 'v' and 't' first, "
+        "then the fields in the order of section 4's tables. 'chunks' are the chunks in "
+        "order: a PQ chunk's codebook 'cb' (R, L, d/q) and codewords (B, q), or a raw chunk's "
+        "rows 'x' (B, d); 'dtype' is the wire dtype of the codebooks or rows, 'codewords' "
+        "'packed' (cw) or 'ans' (cf and ca, where smaller). Every party B reads 'message'; a "
+        "decoder must get the fields back from it exactly. Key order carries no meaning "
+        "(section 1): 'reordered' is the same message with its top-level keys reversed, "
+        "which party B must treat as the same message."
+    )
+    rng = np.random.default_rng(24)
+    h = bytes.fromhex("c4c6a5cddecf8358")
+    pq = codec.PQActivations(
+        codebook=rng.standard_normal((1, 4, 2)).astype(np.float32),
+        codewords=rng.integers(0, 4, (3, 2)),
+    )
+    skewed = codec.PQActivations(
+        codebook=rng.standard_normal((2, 2, 2)).astype(np.float32),
+        codewords=(rng.random((16, 4)) < 0.1).astype(np.int64),
+    )
+    raw = codec.RawActivations(rng.standard_normal((2, 3)).astype(np.float32))
+    second = codec.PQActivations(
+        codebook=rng.standard_normal((1, 4, 2)).astype(np.float32),
+        codewords=rng.integers(0, 4, (2, 2)),
+    )
+    examples: list[tuple[str, str, dict[str, Any], bytes]] = []
+    for name, chunks, dtype, coding in [
+        ("pq, one chunk, float32 codebook", (pq,), "float32", "packed"),
+        ("pq, float16 codebook", (pq,), "float16", "packed"),
+        ("pq, entropy-coded codewords", (skewed,), "float32", "ans"),
+        ("pq, two chunks (two clients)", (pq, second), "float32", "packed"),
+        ("raw float32", (raw,), "float32", "packed"),
+        ("raw float16", (raw,), "float16", "packed"),
+    ]:
+        request = codec.StepRequest(step=7, batch_digest=h, chunks=chunks)
+        data = codec.encode_step_request(
+            request,
+            codebook_dtype=dtype,
+            activations_dtype=dtype,
+            codewords=coding,  # type: ignore[arg-type]
+        )
+        given = {"s": 7, "h": h.hex(), "dtype": dtype, "codewords": coding}
+        examples.append((f"step_req: {name}", "step_req", given | {"chunks": chunks}, data))
+    evaluate = codec.EvaluateRequest(ids_digest=h, chunks=(pq, second))
+    examples.append(
+        (
+            "eval_req: two chunks",
+            "eval_req",
+            {"h": h.hex(), "dtype": "float32", "codewords": "packed", "chunks": (pq, second)},
+            codec.encode_evaluate_request(evaluate),
+        )
+    )
+    ids = [k.hex() for k in hmac_ids(bytes.fromhex(EXAMPLE_KEY), ["u10", "u2", "u9"])]
+    predict = codec.PredictRequest(ids=ids, chunks=(pq,))
+    examples.append(
+        (
+            "pred_req: three ids",
+            "pred_req",
+            {"ids": ids, "dtype": "float32", "codewords": "packed", "chunks": (pq,)},
+            codec.encode_predict_request(predict),
+        )
+    )
+    cases = []
+    for name, tag, given, data in examples:
+        reordered = msgpack.packb(dict(reversed(msgpack.unpackb(data).items())))
+        given = {"t": tag, **given, "chunks": [_chunk_json(c) for c in given["chunks"]]}
+        output = {"bytes": len(data), "message": data.hex(), "reordered": reordered.hex()}
+        cases.append(_case(name, given, output))
+    return "Messages", about, cases
+
+
+PSI_CLIENT_KEY = bytes(range(1, 33))
+PSI_SERVER_KEY = bytes(range(33, 65))
+
+
+def psi_cases() -> tuple[str, str, list[Case]]:
+    import private_set_intersection.python as psi_library
+
+    from shared.psi import (
+        PsiReply,
+        PsiRequest,
+        PsiServer,
+        encode_psi_reply,
+        encode_psi_request,
+    )
+
+    about = (
+        "A whole private set intersection with real messages of OpenMined's PSI library "
+        "(2.x, P-256, reveal_intersection, RAW set-up), under fixed secret scalars so that "
+        "the bytes are reproducible: 'client_key' (party A's, 32 bytes) and 'server_key' "
+        "(party B's). 'client_ids' are in the order party A blinds them (a real party A "
+        "shuffles them with a cryptographic generator first). 'request', 'setup' and "
+        "'response' are the library's serialized protobuf messages; 'psi_request' and "
+        "'psi_reply' the msgpack messages that carry them (section 8); 'intersection' what "
+        "party A computes from them. The library's own bindings (C++, Go, JavaScript, Rust, "
+        "Python) build and read these; hashing to the curve by hand is not needed."
+    )
+    client_ids = ["u9", "u2", "x", "u10"]
+    server_ids = ["u1", "u10", "u2", "u3"]
+    client = psi_library.client.CreateFromKey(PSI_CLIENT_KEY, True)
+    request = client.CreateRequest(client_ids).SerializeToString()
+    server = PsiServer(server_ids, PSI_SERVER_KEY)
+    response, _count = server.respond(request, max_ids=100)
+    setup = psi_library.ServerSetup()
+    setup.ParseFromString(server.setup)
+    answer = psi_library.Response()
+    answer.ParseFromString(response)
+    found = sorted(client_ids[i] for i in client.GetIntersection(setup, answer))
+    version = "0123abcd"
+    given = {
+        "client_key": PSI_CLIENT_KEY.hex(),
+        "server_key": PSI_SERVER_KEY.hex(),
+        "client_ids": client_ids,
+        "server_ids": server_ids,
+        "dataset_version": version,
+    }
+    output = {
+        "request": request.hex(),
+        "setup": server.setup.hex(),
+        "response": response.hex(),
+        "psi_request": encode_psi_request(PsiRequest(request=request)).hex(),
+        "psi_reply": encode_psi_reply(
+            PsiReply(dataset_version=version, setup=server.setup, response=response)
+        ).hex(),
+        "intersection": found,
+    }
+    case = _case("four ids each, two in common", given, output)
+    return "Private set intersection (`/v1/psi`)", about, [case]
+
+
+def parties_cases() -> tuple[str, str, list[Case]]:
+    import torch
+
+    from api_schemas import RunCreate
+    from party_b.service.fusion import fuse, slices
+
+    about = (
+        "A run with several feature parties (section 12). Fusion cases: each party's z~ (rows "
+        "x d_p, in the order of RunCreate.parties) and the gradient G = dL/dZ party B's top "
+        "model takes at the fused input; the fused input Z party B computes, and the gradient "
+        "g_p each party gets back (its columns for concat, G for sum, G / N for mean), all "
+        "float32. The run case: a RunCreate with parties as a client sends it, and the config "
+        "party B stores and echoes in RunOut.config (fusion, every party's downlink and the "
+        "fused cut_dim filled in)."
+    )
+    z = [
+        [[1.0, 2.0], [3.0, 4.0]],
+        [[0.5, -0.5], [0.25, -0.25]],
+        [[8.0, 9.0, 10.0], [11.0, 12.0, 13.0]],
+    ]
+    same = [[[1.0, 2.0], [3.0, 4.0]], [[0.5, -0.5], [0.25, -0.25]], [[-1.0, 0.0], [2.0, 6.0]]]
+    cases = []
+    for fusion, parts in [("concat", z), ("sum", same), ("mean", same)]:
+        tensors = [torch.tensor(p, dtype=torch.float32) for p in parts]
+        fused = fuse(tensors, fusion)
+        grad = torch.arange(fused.numel(), dtype=torch.float32).reshape(fused.shape) / 4 - 1
+        widths = [t.shape[1] for t in tensors]
+        given = {"fusion": fusion, "z": parts, "G": grad.tolist()}
+        output = {
+            "Z": fused.tolist(),
+            "g": [g.tolist() for g in slices(grad, widths, fusion)],
+        }
+        cases.append(_case(f"three parties, {fusion}", given, output))
+    spec = {
+        "name": "credit",
+        "model": "tabular_mlp",
+        "top": {"hidden": [32]},
+        "parties": [
+            {"name": "telco", "cut_dim": 16, "quantizer": {"mode": "pq", "q": 4, "L": 16}},
+            {
+                "name": "retail",
+                "cut_dim": 16,
+                "quantizer": {"mode": "pq", "q": 4, "L": 16},
+                "downlink": "int8",
+            },
+        ],
+        "optimizer": {"name": "adam", "lr": 0.003},
+        "batch_size": 256,
+        "steps": 600,
+        "seed": 0,
+    }
+    stored = RunCreate.model_validate(spec).model_dump(mode="json")
+    cases.append(_case("a RunCreate with two parties", {"RunCreate": spec}, {"config": stored}))
+    return "Several feature parties", about, cases
+
+
 TOPICS: dict[str, Topic] = {
     "hmac": hmac_cases,
     "sha_order": sha_order_cases,
@@ -435,9 +678,20 @@ TOPICS: dict[str, Topic] = {
     "downlink": downlink_cases,
     "step_reply": step_reply_cases,
     "codewords": codewords_cases,
+    "align_keys": align_keys_cases,
+    "requests": requests_cases,
+    "psi": psi_cases,
+    "parties": parties_cases,
 }
 # Topics specified outside section 9 (Derived values): the part of PROTOCOL.md that holds them.
-PARTS = {"downlink": "Messages", "codewords": "Codeword bit packing"}
+PARTS = {
+    "downlink": "Messages",
+    "codewords": "Codeword bit packing",
+    "align_keys": "Private set intersection",
+    "requests": "Envelope and messages",
+    "psi": "Section 8",
+    "parties": "Section 12",
+}
 
 
 def document(topic: str) -> dict[str, Any]:

@@ -3,7 +3,7 @@ problems it answers (``party_b.api.contract``)."""
 
 from fastapi import APIRouter
 
-from party_b.api.routes import alignment, ops, runs, serving, steps
+from party_b.api.routes import alignment, ops, parties, runs, serving, steps
 
 ROUTERS: tuple[APIRouter, ...] = (
     ops.router,
@@ -11,6 +11,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     alignment.router,
     steps.router,
     serving.router,
+    parties.router,
 )
 
 __all__ = ["ROUTERS"]

@@ -5,9 +5,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from api_schemas import EvalResultOut, ProblemType
+from party_b.access import Action
 from party_b.api.contract import AUTHENTICATED, MSGPACK, WITH_BODY, ContractRoute, contract
-from party_b.api.deps import CallerDep, ServiceDep, in_thread, msgpack
+from party_b.api.deps import ServiceDep, allowed, in_thread, msgpack
+from party_b.service import Caller
 
+A = Action
 router = APIRouter(route_class=ContractRoute)
 P = ProblemType
 RUN = (*AUTHENTICATED, P.NOT_FOUND)
@@ -35,7 +38,7 @@ FORWARD = (
 async def evaluate(
     request: Request,
     run_id: str,
-    who: CallerDep,
+    who: Annotated[Caller, allowed(A.EVALUATE)],
     service: ServiceDep,
     split: Annotated[str, Query(pattern="^(eval|train)$")] = "eval",
 ) -> Response:
@@ -45,7 +48,7 @@ async def evaluate(
 
 @router.get("/v1/runs/{run_id}/evaluations", tags=["runs"], **contract(problems=RUN))
 async def evaluations(
-    request: Request, run_id: str, who: CallerDep, service: ServiceDep
+    request: Request, run_id: str, who: Annotated[Caller, allowed(A.READ)], service: ServiceDep
 ) -> list[EvalResultOut]:
     return await in_thread(request, service.runs.eval_results, who, run_id)
 
@@ -56,9 +59,11 @@ async def evaluations(
     **contract(
         consumes=MSGPACK,
         message=("PredictRequest", "PredictResponse"),
-        problems=(*FORWARD, P.UNKNOWN_IDS),
+        problems=(*FORWARD, P.UNKNOWN_IDS, P.PRIVACY_REFUSED),
     ),
 )
-async def predict(request: Request, run_id: str, who: CallerDep, service: ServiceDep) -> Response:
+async def predict(
+    request: Request, run_id: str, who: Annotated[Caller, allowed(A.PREDICT)], service: ServiceDep
+) -> Response:
     body = await request.body()
     return msgpack(await in_thread(request, service.serving.predict, who, run_id, body))

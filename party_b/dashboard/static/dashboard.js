@@ -74,6 +74,16 @@ function row(cells) {
   return tr;
 }
 
+// The run's label privacy: its epsilon (or none), and what its token has spent of its budget.
+function privacyCard(privacy) {
+  const run = privacy.privacy;
+  const owner = privacy.owner_privacy;
+  const spent = owner.epsilon_spent === null ? "unbounded" : number(owner.epsilon_spent, 2);
+  const budget = owner.epsilon_budget === null ? "no budget" : `budget ${number(owner.epsilon_budget, 2)}`;
+  return ["Label privacy", run.label_dp ? `ε ${number(run.epsilon, 2)}` : "no bound",
+    `${run.policy}; token spent ${spent}, ${budget}`];
+}
+
 function cards(container, items) {
   container.replaceChildren(...items.map(([label, value, note]) => {
     const card = node("div", null, "card");
@@ -162,6 +172,7 @@ function showRun(report) {
     ["Aligned", number(run.aligned), run.aligned === null ? "not aligned yet"
       : `${number(run.train)} train / ${number(run.eval)} eval`],
     ["Last evaluation", last ? `step ${number(last.step)}` : "–", lastMetrics],
+    privacyCard(report.privacy),
   ]);
   const at = (p) => (p.first + p.last) / 2;
   const evalsLoss = evaluationSeries(report.evaluations, (e) => [["loss", e.loss]]);
@@ -186,6 +197,10 @@ function showRun(report) {
   Charts.draw($("chart-time"), { fromZero: true, empty: "no steps yet", series: [
     { name: "ms per step", points: report.points.map((p) => [at(p), p.step_ms]), color: 3 },
   ] });
+  $("parties").hidden = report.parties.length === 0;  // a run with several feature parties
+  $("party-traffic").tBodies[0].replaceChildren(...report.parties.map((p) =>
+    row([p.name, number(p.cut_dim), p.quantizer, p.downlink, number(p.steps),
+      bytes(p.up_per_step), bytes(p.down_per_step), bytes(p.up_total), bytes(p.down_total)])));
   $("evaluations").tBodies[0].replaceChildren(...report.evaluations.slice().reverse().map((e) =>
     row([number(e.step), e.split, number(e.n), number(e.loss, 4),
       Object.entries(e.metrics).map(([k, v]) => `${k} ${number(v, 4)}`).join(", "),

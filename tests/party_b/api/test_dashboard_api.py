@@ -41,7 +41,12 @@ def _bearer(secret: str) -> dict[str, str]:
 
 @pytest.fixture
 def url(tmp_path: Path) -> Iterator[str]:
-    with live_server(create_app(_settings(tmp_path, dashboard_token=OPERATOR))) as base:
+    # privacy off: the tests hold the operator's views against the step log party A reads,
+    # which under label DP (the default) carries no loss; the loss on /metrics is opted in
+    settings = _settings(
+        tmp_path, dashboard_token=OPERATOR, privacy="off", metrics_label_series=True
+    )
+    with live_server(create_app(settings)) as base:
         yield base
 
 
@@ -175,7 +180,7 @@ def test_metrics_carry_each_run_s_progress_loss_and_the_process(
     trained: tuple[str, str, list[dict[str, Any]]],
 ) -> None:
     url, run_id, log = trained
-    text = httpx.get(f"{url}/metrics").text
+    text = httpx.get(f"{url}/metrics", headers=_bearer(OPERATOR)).text
     samples = _samples(text)
 
     def of_run(name: str, **extra: str) -> float:
@@ -221,3 +226,39 @@ def test_an_install_carries_every_file_the_page_serves() -> None:
     static = ROOT / "party_b" / "dashboard" / "static"
     assert package_data["party_b.dashboard"] == ["static/*"]
     assert sorted(p.name for p in static.iterdir()) == sorted(STATIC_FILES)
+
+
+def test_a_run_with_several_parties_shows_each_party_and_its_traffic(tmp_path: Path) -> None:
+    """docs/PROTOCOL.md 12: the run's report lists its feature parties, each with its width,
+    quantizer, downlink and its own bytes both ways; the run's totals are their sums."""
+    from functools import partial
+
+    from tests.utils.parties import party_run, together
+
+    app = create_app(_settings(tmp_path, dashboard_token=OPERATOR))
+    with live_server(app) as url:
+        parties = party_run(url, TOKEN, app.state.sessions, {"bank": 4, "shop": 8})
+        assert {a.status_code for a in together(*(p.align for p in parties))} == {200}
+        sent: dict[str, int] = {"bank": 0, "shop": 0}
+        received: dict[str, int] = {"bank": 0, "shop": 0}
+        for t in (1, 2, 3):
+            bodies = {p.name: p.step_body(t) for p in parties}
+            answers = together(*(partial(p.step, t, bodies[p.name]) for p in parties))
+            for party, answer in zip(parties, answers, strict=True):
+                assert answer.status_code == 200, answer.text
+                sent[party.name] += len(bodies[party.name])
+                received[party.name] += len(answer.content)
+        with httpx.Client(base_url=url, headers=_bearer(OPERATOR), timeout=60) as operator:
+            report = operator.get(f"/dashboard/api/runs/{parties[0].run_id}").json()
+            overview = operator.get("/dashboard/api/overview").json()
+
+    shown = [
+        (p["name"], p["cut_dim"], p["quantizer"], p["downlink"], p["steps"])
+        for p in report["parties"]
+    ]
+    assert shown == [("bank", 4, "raw", "float32", 3), ("shop", 8, "raw", "float32", 3)]
+    assert {p["name"]: p["up_total"] for p in report["parties"]} == sent
+    assert {p["name"]: p["down_total"] for p in report["parties"]} == received
+    assert report["traffic"]["up_total"] == sum(sent.values())
+    row = next(r for r in overview["runs"] if r["id"] == parties[0].run_id)
+    assert row["mode"] == "2 parties" and row["step"] == 3

@@ -32,8 +32,13 @@ DOWNLINKS = [
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     tmp_path = tmp_path_factory.mktemp("downlink")
+    # privacy off: each step's reply is read for its loss too, which label DP (the default)
+    # withholds
     settings = Settings(
-        data_dir=tmp_path / "b", labels=labels_csv(tmp_path / "labels.csv"), tokens=f"t:{TOKEN}"
+        data_dir=tmp_path / "b",
+        labels=labels_csv(tmp_path / "labels.csv"),
+        tokens=f"t:{TOKEN}",
+        privacy="off",
     )
     with (
         live_server(create_app(settings)) as url,

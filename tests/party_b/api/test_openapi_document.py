@@ -19,12 +19,18 @@ from party_b.settings import Settings
 from tests.utils.live import live_server
 from tests.utils.small_runs import MSGPACK, TOKEN, aligned_run, labels_csv, run_spec
 
-UNAUTHENTICATED = {"/healthz", "/metrics"}
+UNAUTHENTICATED = {"/healthz", "/readyz", "/metrics"}
 MSGPACK_OPERATIONS = {
     ("post", "/v1/psi"): ("PsiRequest", "PsiReply"),
     ("post", "/v1/runs/{run_id}/steps"): ("StepRequest", "StepResponse"),
     ("post", "/v1/runs/{run_id}/evaluate"): ("EvaluateRequest", "EvaluateResponse"),
     ("post", "/v1/runs/{run_id}/predict"): ("PredictRequest", "PredictResponse"),
+    ("post", "/v1/runs/{run_id}/alignment/keys"): ("AlignRequest", "AlignReply"),
+    # a run's feature parties (docs/PROTOCOL.md section 12)
+    ("post", "/v1/runs/{run_id}/parties/{party}/psi"): ("PsiRequest", "PsiReply"),
+    ("post", "/v1/runs/{run_id}/parties/{party}/steps"): ("StepRequest", "StepResponse"),
+    ("post", "/v1/runs/{run_id}/parties/{party}/evaluate"): ("EvaluateRequest", "EvaluateResponse"),
+    ("post", "/v1/runs/{run_id}/parties/{party}/predict"): ("PredictRequest", "PredictResponse"),
 }
 
 

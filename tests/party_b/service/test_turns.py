@@ -45,6 +45,9 @@ def _party_b(tmp_path: Path, hold: float | None) -> Iterator[tuple[FastAPI, str]
         labels=labels_csv(tmp_path / "labels.csv"),
         tokens=f"tester:{TOKEN},other:{OTHER}",
         worker_threads=1,
+        # the tests compare one run's replies with another's byte for byte: under label DP
+        # (the default) each run randomizes its labels with a secret of its own
+        privacy="off",
         **chosen,
     )
     app = create_app(settings)
@@ -211,8 +214,10 @@ def test_every_step_party_a_can_have_in_flight_is_held_once(tmp_path: Path) -> N
 
 
 def _malformed(run: SmallRun) -> dict[str, bytes]:
-    """Bodies whose head is not a StepRequest's ``v``, ``t``, ``s``: never held."""
+    """Malformed step bodies, whether or not their ``v``, ``t`` and ``s`` are well formed:
+    never held (an outside audit saw the second kind held before its 400)."""
     good = msgpack.unpackb(run.step_body(2))
+    chunk = good["a"][0]
     return {
         "not msgpack": b"\xc1" + run.step_body(2),
         "not a map": msgpack.packb([1, "step_req", 2]),
@@ -220,6 +225,14 @@ def _malformed(run: SmallRun) -> dict[str, bytes]:
         "another wire version": msgpack.packb({**good, "v": 2}),
         "a step that is a string": msgpack.packb({**good, "s": "2"}),
         "cut off in the head": run.step_body(2)[:12],
+        # v, t and s as in a real request, the rest malformed
+        "cut off after the head": run.step_body(2)[:-3],
+        "an unknown field": msgpack.packb({**good, "x": 1}),
+        "a digest of 7 bytes": msgpack.packb({**good, "h": good["h"][:7]}),
+        "codewords of the wrong length": msgpack.packb(
+            {**good, "a": [{**chunk, "cw": b"\xff" * 5}]}
+        ),
+        "trailing bytes": run.step_body(2) + b"\x00",
     }
 
 
@@ -258,10 +271,36 @@ def test_a_held_step_of_one_run_does_not_hold_up_another_runs_steps(tmp_path: Pa
 
 
 @pytest.mark.parametrize("step", [0, 1, 2**63 - 1])
-def test_the_step_is_read_from_the_head_of_a_real_request(step: int) -> None:
+def test_the_step_is_read_from_a_real_request_in_any_key_order(step: int) -> None:
     chunk = codec.RawActivations(np.zeros((1, 2), dtype=np.float32))
     request = codec.StepRequest(step=step, batch_digest=b"\x00" * 8, chunks=(chunk,))
-    assert peek_step(codec.encode_step_request(request)) == step
+    body = codec.encode_step_request(request)
+    fields = list(msgpack.unpackb(body).items())
+    assert peek_step(body) == step
+    for order in (fields[::-1], fields[2:] + fields[:2], [fields[4], *fields[:4]]):
+        reordered = msgpack.packb(dict(order))
+        # the same message: decoded and encoded again, the bytes of the original order
+        assert codec.encode_step_request(codec.decode_step_request(reordered)) == body
+        assert peek_step(reordered) == step
+
+
+def test_a_step_whose_keys_come_in_another_order_is_held_like_any_other(
+    tmp_path: Path,
+) -> None:
+    """Map key order carries no meaning (PROTOCOL.md section 1): a client that writes ``a``
+    before ``v``, ``t`` and ``s`` is held and applied like ours."""
+    with _party_b(tmp_path, hold=LONG) as (app, url), _client(url) as client:
+        run = aligned_run(client)
+        reordered = msgpack.packb(dict(reversed(msgpack.unpackb(run.step_body(2)).items())))
+
+        second = _InFlight(
+            lambda: client.post(f"/v1/runs/{run.id}/steps", content=reordered, headers=MSGPACK)
+        )
+        _until_held(app, 1)
+        first = _post_step(url, run, 1)
+
+        assert first.status_code == 200 and second.answer().status_code == 200
+        assert client.get(f"/v1/runs/{run.id}").json()["step"] == 2
 
 
 def test_a_resent_held_step_is_refused_at_once(

@@ -1,0 +1,218 @@
+"""Who a request is and what it may do: scopes, expiry and certificate subjects of API tokens.
+
+A token's *grant* (table ``token_grants``, ``party_b.store.tables.TokenGrant``) says
+
+* ``scopes``: what it may do, a set of the names in :data:`SCOPES` (``train``, ``predict``,
+  ``read``); a token without a grant row (every token issued before grants existed, and the
+  ones of FEDLITE_B_TOKENS) has them all;
+* ``expires_at``: after it, the token is refused (401, ``reason: "expired"``);
+* ``subject``: the client certificate the token must come with (mutual TLS, docs/DEPLOY.md):
+  the subject as RFC 4514 text, e.g. ``CN=bank-a,O=Bank A,C=DE``; with
+  ``certificate_only`` the certificate alone identifies the caller, with no bearer token;
+* ``runs_of``: the token whose runs it acts on (a scoring partner's predict-only token sees
+  the runs the training token made); by default its own.
+
+Routes name the :class:`Action` they perform; :func:`authorize` checks it against the
+caller's scopes before the run is looked up, so a token outside its scope learns nothing
+about which runs exist (403 ``forbidden``, ``reason: "scope"``).
+"""
+
+import hmac
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+
+from sqlalchemy.orm import Session
+
+from api_schemas import ProblemType
+from party_b import auth
+from party_b.errors import ProblemError
+from party_b.service.runstate import Caller
+from party_b.store.grants import grant_of, grant_with_subject
+from party_b.store.tables import ApiToken, TokenGrant
+
+__all__ = [
+    "ALL_SCOPES",
+    "SCOPES",
+    "Action",
+    "Identity",
+    "authorize",
+    "identify",
+    "parse_expiry",
+    "parse_scopes",
+]
+
+
+class Action(StrEnum):
+    """What a route does, as far as access is concerned."""
+
+    READ = "read"  # GET a run, the runs, the step log, evaluations, PSI info
+    CREATE_RUN = "create-run"
+    PSI = "psi"  # a private set intersection (training and serving both need one)
+    ALIGN = "align"
+    STEP = "step"  # a training step, or rolling back to a checkpoint
+    FINISH = "finish"
+    DELETE = "delete"
+    EVALUATE = "evaluate"
+    PREDICT = "predict"
+
+
+# A scope is a named set of actions; a token holds one or more scopes.
+SCOPES: dict[str, frozenset[Action]] = {
+    "train": frozenset(
+        {
+            Action.READ,
+            Action.CREATE_RUN,
+            Action.PSI,
+            Action.ALIGN,
+            Action.STEP,
+            Action.FINISH,
+            Action.DELETE,
+            Action.EVALUATE,  # held-out metrics are part of training (`fedlite-a train`)
+        }
+    ),
+    "predict": frozenset({Action.READ, Action.PSI, Action.PREDICT}),
+    "read": frozenset({Action.READ}),
+}
+ALL_SCOPES = frozenset(SCOPES)
+
+
+def parse_scopes(text: str) -> frozenset[str]:
+    """``"train,predict"`` -> {"train", "predict"}; ``"all"`` is every scope. ValueError for
+    a name that is not a scope."""
+    names = {s.strip() for s in text.split(",") if s.strip()}
+    if not names:
+        raise ValueError(f"no scope given; choose from {', '.join([*SCOPES, 'all'])}")
+    if "all" in names:
+        return ALL_SCOPES
+    unknown = sorted(names - set(SCOPES))
+    if unknown:
+        raise ValueError(
+            f"unknown scope {', '.join(map(repr, unknown))}; choose from "
+            f"{', '.join([*SCOPES, 'all'])} (comma-separated for several)"
+        )
+    return frozenset(names)
+
+
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_expiry(text: str, *, now: datetime | None = None) -> datetime:
+    """When a token given ``--expires text`` expires: a duration from now (``30d``, ``12h``,
+    ``90m``, ``2w``, ``3600s``) or a UTC date or date-time (``2027-01-31``,
+    ``2027-01-31T12:00:00Z``). ValueError otherwise, or for a moment not in the future."""
+    now = now or datetime.now(UTC)
+    match = _DURATION.match(text)
+    if match:
+        amount = int(match.group(1))
+        if amount <= 0:
+            raise ValueError(f"--expires {text!r}: a duration must be positive")
+        return now + timedelta(seconds=amount * _UNITS[match.group(2)])
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"--expires {text!r}: give a duration (30d, 12h, 90m, 2w) or a UTC date "
+            "(2027-01-31 or 2027-01-31T12:00:00Z)"
+        ) from None
+    moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    if moment <= now:
+        raise ValueError(f"--expires {text!r} is not in the future")
+    return moment
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a connection presents: a bearer token and/or a verified client certificate's
+    subject (RFC 4514 text; None without mutual TLS)."""
+
+    token: str | None
+    subject: str | None
+
+
+def identify(session: Session, presented: Identity, *, now: datetime | None = None) -> Caller:
+    """The caller of a request, or a 401 problem naming why (``reason``: ``token``,
+    ``expired``, ``certificate``)."""
+    now = now or datetime.now(UTC)
+    if presented.token:
+        row = auth.authenticate(session, presented.token)
+        if row is None:
+            raise _refused("token", "unknown or revoked token")
+        grant = grant_of(session, row.id)
+        if grant is not None and grant.subject is not None:
+            _check_subject(row, grant, presented.subject)
+    elif presented.subject is not None:
+        grant = grant_with_subject(session, presented.subject)
+        if grant is None or not grant.certificate_only:
+            raise _refused(
+                "certificate",
+                f"no token given, and the certificate {presented.subject!r} does not identify "
+                "a caller on its own: send 'Authorization: Bearer <token>'",
+            )
+        found = session.get(ApiToken, grant.token_id)
+        if found is None or found.revoked_at is not None:
+            raise _refused("certificate", f"the caller of {presented.subject!r} was revoked")
+        row = found
+    else:
+        raise _refused("token", "send 'Authorization: Bearer <token>'")
+    if grant is not None and grant.expires_at is not None and grant.expires_at <= now:
+        raise _refused(
+            "expired",
+            f"the token {row.name!r} expired at {grant.expires_at:%Y-%m-%dT%H:%M:%SZ}; ask "
+            "party B's operator for a new one",
+            expired_at=grant.expires_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+    scopes = _scopes(grant)
+    actions = frozenset().union(*(SCOPES[s] for s in scopes))
+    owner = grant.runs_of if grant is not None and grant.runs_of is not None else row.id
+    return Caller(
+        token_id=owner,
+        name=row.name,
+        subject=presented.subject,
+        scopes=tuple(sorted(scopes)),
+        actions=actions,
+    )
+
+
+def authorize(caller: Caller, action: Action) -> None:
+    """403 ``forbidden`` unless the caller's scopes allow ``action``."""
+    if caller.actions is None or action in caller.actions:
+        return
+    needs = sorted(name for name, actions in SCOPES.items() if action in actions)
+    raise ProblemError(
+        ProblemType.FORBIDDEN,
+        f"the token {caller.name!r} has scope {','.join(caller.scopes)}; {action.value} needs "
+        f"scope {' or '.join(needs)}",
+        reason="scope",
+        scope=list(caller.scopes),
+        needs=needs,
+    )
+
+
+def _scopes(grant: TokenGrant | None) -> Iterable[str]:
+    if grant is None:
+        return ALL_SCOPES
+    return [s for s in grant.scopes.split(",") if s in SCOPES]
+
+
+def _check_subject(row: ApiToken, grant: TokenGrant, subject: str | None) -> None:
+    assert grant.subject is not None
+    if subject is None:
+        raise _refused(
+            "certificate",
+            f"the token {row.name!r} is bound to the client certificate {grant.subject!r}; "
+            "connect with it (party B must run with mutual TLS, --ssl-ca-certs)",
+        )
+    if not hmac.compare_digest(subject.encode(), grant.subject.encode()):
+        raise _refused(
+            "certificate",
+            f"the token {row.name!r} is bound to the client certificate {grant.subject!r}, "
+            f"not to {subject!r}",
+        )
+
+
+def _refused(reason: str, detail: str, **extensions: str) -> ProblemError:
+    return ProblemError(ProblemType.UNAUTHORIZED, detail, reason=reason, **extensions)

@@ -1,0 +1,57 @@
+"""Tokens of the feature parties of a run (docs/PROTOCOL.md section 12.2).
+
+A party token is a random 256-bit string like every API token, stored only as its SHA-256,
+but it lives in a table of its own (``party_tokens``) bound to one run and one of its
+feature parties: it is accepted on that party's routes (``/v1/runs/{run}/parties/{party}/``)
+and ``GET /v1/party``, and is an unknown token everywhere else. Party B's operator issues
+and revokes them (``fedlite-b parties``); they go with their run.
+"""
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from party_b.store import parties as party_store
+
+__all__ = ["PartyScope", "authenticate_party", "issue_party_token", "revoke_party"]
+
+
+@dataclass(frozen=True)
+class PartyScope:
+    """What a party token may act for."""
+
+    run_id: str
+    party: str
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def issue_party_token(session: Session, run_id: str, party: str) -> str:
+    """A new token for ``party`` of ``run_id`` (the party's earlier tokens are revoked: one
+    active token per party); returns it, the only time it is visible. Commits."""
+    party_store.revoke_party_tokens(session, run_id, party)
+    token = secrets.token_urlsafe(32)
+    party_store.add_party_token(session, run_id, party, _hash(token))
+    session.commit()
+    return token
+
+
+def revoke_party(session: Session, run_id: str, party: str) -> bool:
+    """Revoke the party's token of the run (at once: every request looks it up). Commits."""
+    revoked = party_store.revoke_party_tokens(session, run_id, party) > 0
+    session.commit()
+    return revoked
+
+
+def authenticate_party(session: Session, token: str) -> PartyScope | None:
+    """The scope of an active party token, or None (not one, or revoked)."""
+    digest = _hash(token)
+    row = party_store.party_token_by_hash(session, digest)
+    if row is None or not hmac.compare_digest(row.token_sha256, digest):
+        return None
+    return PartyScope(row.run_id, row.party) if row.revoked_at is None else None

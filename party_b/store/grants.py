@@ -1,0 +1,48 @@
+"""The queries of token grants (``party_b.access``): scopes, expiry, certificate subjects."""
+
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from party_b.store.tables import ApiToken, TokenGrant
+
+__all__ = ["grant_of", "grant_with_subject", "set_grant"]
+
+
+def grant_of(session: Session, token_id: int) -> TokenGrant | None:
+    """The token's grant; None: every scope, no expiry, no certificate."""
+    return session.get(TokenGrant, token_id)
+
+
+def grant_with_subject(session: Session, subject: str) -> TokenGrant | None:
+    """The grant of the active token bound to the certificate ``subject``, if any."""
+    row: TokenGrant | None = session.scalar(
+        select(TokenGrant)
+        .join(ApiToken, ApiToken.id == TokenGrant.token_id)
+        .where(TokenGrant.subject == subject, ApiToken.revoked_at.is_(None))
+    )
+    return row
+
+
+def set_grant(
+    session: Session,
+    token_id: int,
+    *,
+    scopes: str,
+    expires_at: datetime | None,
+    subject: str | None,
+    certificate_only: bool,
+    runs_of: int | None,
+) -> TokenGrant:
+    """Replace the token's grant (not committed)."""
+    grant = session.get(TokenGrant, token_id)
+    if grant is None:
+        grant = TokenGrant(token_id=token_id, scopes=scopes)
+        session.add(grant)
+    grant.scopes = scopes
+    grant.expires_at = expires_at
+    grant.subject = subject
+    grant.certificate_only = certificate_only
+    grant.runs_of = runs_of
+    return grant

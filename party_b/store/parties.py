@@ -1,0 +1,133 @@
+"""The tables and queries of runs with several feature parties (docs/PROTOCOL.md section 12).
+
+    party_tokens    a bearer token bound to one run and one of its feature parties, stored
+                    as its SHA-256 (as every token); revoked, not deleted; gone with its run
+    party_traffic   bytes in and out of every party at every applied step (the dashboard);
+                    rows past a restored checkpoint are dropped with the step log's
+
+Tables of their own, so that an older database gains them with ``create_all`` at start-up.
+"""
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from sqlalchemy import ForeignKey, Integer, String, delete, func, select
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from party_b.store.tables import Base, UtcDateTime
+
+__all__ = [
+    "PartyToken",
+    "PartyTraffic",
+    "active_party_token",
+    "add_party_token",
+    "forget_party_traffic_after",
+    "log_party_traffic",
+    "party_token_by_hash",
+    "party_tokens",
+    "party_traffic",
+    "revoke_party_tokens",
+]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class PartyToken(Base):
+    """A token that acts for one feature party of one run, and for nothing else."""
+
+    __tablename__ = "party_tokens"
+
+    token_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    party: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
+
+
+class PartyTraffic(Base):
+    """One party's bytes of one applied step: its request in, its answer out."""
+
+    __tablename__ = "party_traffic"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    party: Mapped[str] = mapped_column(String(32), primary_key=True)
+    bytes_in: Mapped[int] = mapped_column(Integer)
+    bytes_out: Mapped[int] = mapped_column(Integer)
+
+
+def add_party_token(session: Session, run_id: str, party: str, token_sha256: str) -> None:
+    session.add(PartyToken(token_sha256=token_sha256, run_id=run_id, party=party))
+
+
+def party_token_by_hash(session: Session, digest: str) -> PartyToken | None:
+    """The party token whose SHA-256 is ``digest`` (hex), revoked or not."""
+    return session.get(PartyToken, digest)
+
+
+def active_party_token(session: Session, run_id: str, party: str) -> PartyToken | None:
+    row: PartyToken | None = session.scalar(
+        select(PartyToken).where(
+            PartyToken.run_id == run_id,
+            PartyToken.party == party,
+            PartyToken.revoked_at.is_(None),
+        )
+    )
+    return row
+
+
+def revoke_party_tokens(session: Session, run_id: str, party: str) -> int:
+    """Revoke the party's active tokens of the run; how many there were."""
+    rows = session.scalars(
+        select(PartyToken).where(
+            PartyToken.run_id == run_id,
+            PartyToken.party == party,
+            PartyToken.revoked_at.is_(None),
+        )
+    ).all()
+    for row in rows:
+        row.revoked_at = _now()
+    return len(rows)
+
+
+def party_tokens(session: Session, run_id: str | None = None) -> Sequence[PartyToken]:
+    """Every party token (of one run), oldest first."""
+    query = select(PartyToken).order_by(PartyToken.created_at, PartyToken.party)
+    if run_id is not None:
+        query = query.where(PartyToken.run_id == run_id)
+    return session.scalars(query).all()
+
+
+def log_party_traffic(
+    session: Session, run_id: str, step: int, rows: Sequence[tuple[str, int, int]]
+) -> None:
+    """(party, bytes in, bytes out) of every party at ``step``, in the step's transaction."""
+    for party, bytes_in, bytes_out in rows:
+        session.add(
+            PartyTraffic(
+                run_id=run_id, step=step, party=party, bytes_in=bytes_in, bytes_out=bytes_out
+            )
+        )
+
+
+def party_traffic(session: Session, run_id: str) -> dict[str, tuple[int, int, int]]:
+    """party -> (steps, bytes in, bytes out) over the run's applied steps."""
+    rows = session.execute(
+        select(
+            PartyTraffic.party,
+            func.count(),
+            func.coalesce(func.sum(PartyTraffic.bytes_in), 0),
+            func.coalesce(func.sum(PartyTraffic.bytes_out), 0),
+        )
+        .where(PartyTraffic.run_id == run_id)
+        .group_by(PartyTraffic.party)
+    ).all()
+    return {party: (int(n), int(i), int(o)) for party, n, i, o in rows}
+
+
+def forget_party_traffic_after(session: Session, run_id: str, step: int) -> None:
+    session.execute(
+        delete(PartyTraffic).where(PartyTraffic.run_id == run_id, PartyTraffic.step > step)
+    )

@@ -1,0 +1,177 @@
+"""Party A as one feature party of a run with several (docs/PROTOCOL.md section 12): three
+trainers, each with its own columns of the bundled demo, its own token, bottom model and
+quantizer, train one run over real HTTP, evaluate and predict together."""
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi import FastAPI
+
+from party_a.errors import ConfigError
+from party_a.trainer import PartyATrainer
+from party_b.api import create_app
+from party_b.party_tokens import issue_party_token
+from party_b.settings import Settings
+from shared.demo_data import write_party_b_demo
+from tests.utils.live import live_server
+from tests.utils.parties import feature_tables, party_config, party_trainer, run_of
+from tests.utils.small_runs import TOKEN
+
+COLUMNS = {"left": (0, 7), "middle": (7, 14), "right": (14, 20)}
+
+
+@pytest.fixture
+def party_b(tmp_path: Path) -> Iterator[tuple[FastAPI, str]]:
+    labels = write_party_b_demo(tmp_path / "labels.csv")
+    settings = Settings(data_dir=tmp_path / "b", labels=labels, tokens=f"owner:{TOKEN}")
+    app = create_app(settings)
+    with live_server(app) as url:
+        yield app, url
+
+
+def _create(app: FastAPI, url: str, spec: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as owner:
+        created = owner.post("/v1/runs", json=spec)
+    assert created.status_code == 201, created.text
+    run_id = created.json()["id"]
+    with app.state.sessions() as session:
+        tokens = {p["name"]: issue_party_token(session, run_id, p["name"]) for p in spec["parties"]}
+    return run_id, tokens
+
+
+def _in_threads(calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def run(name: str) -> None:
+        try:
+            results[name] = calls[name]()
+        except BaseException as exc:  # re-raised below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def test_three_feature_parties_train_evaluate_and_predict_one_run(
+    party_b: tuple[FastAPI, str], tmp_path: Path
+) -> None:
+    app, url = party_b
+    tables = feature_tables(tmp_path / "a", COLUMNS)
+    configs = {
+        name: party_config(
+            "three", name, stop - start, **({"run.pipeline_depth": 2} if name == "right" else {})
+        )
+        for name, (start, stop) in COLUMNS.items()
+    }
+    run_id, tokens = _create(app, url, run_of(configs))
+    trainers = {
+        name: party_trainer(
+            tmp_path / f"state-{name}", url, tokens[name], tables[name], configs[name]
+        )
+        for name in COLUMNS
+    }
+
+    def session(trainer: PartyATrainer) -> dict[str, Any]:
+        remote = trainer.prepare()
+        summary = trainer.train()
+        evaluation = trainer.evaluate()
+        prediction = trainer.predict(["s0020", "s0021", "s0300"])
+        return {"remote": remote, "summary": summary, "eval": evaluation, "pred": prediction}
+
+    try:
+        out = _in_threads({name: (lambda t=t: session(t)) for name, t in trainers.items()})
+    finally:
+        for trainer in trainers.values():
+            trainer.close()
+
+    # aligned on the ids every party holds: 569 less the 18 that one party or another lacks
+    assert {o["remote"].alignment.aligned for o in out.values()} == {569 - 18}
+    assert {o["summary"].last_step for o in out.values()} == {24}
+    evaluations = [o["eval"] for o in out.values()]
+    assert all(
+        (e.n, e.loss, e.metrics) == (evaluations[0].n, evaluations[0].loss, evaluations[0].metrics)
+        for e in evaluations
+    )
+    assert evaluations[0].metrics["auc"] > 0.9
+    scores = [o["pred"].scores for o in out.values()]
+    assert all(np.array_equal(s, scores[0]) for s in scores) and scores[0].shape == (3, 2)
+    # each party's own traffic: its uplink is its own chunk, its downlink its own slice
+    sent = {name: o["summary"].bytes_sent for name, o in out.items()}
+    assert all(b > 0 for b in sent.values())
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as owner:
+        run = owner.get(f"/v1/runs/{run_id}").json()
+        log = owner.get(f"/v1/runs/{run_id}/steps").json()["steps"]
+    assert run["status"] == "finished" and run["step"] == 24
+    assert [row["step"] for row in log] == list(range(1, 25))
+    traffic = app.state.service.parties.traffic(run_id)
+    assert set(traffic) == set(COLUMNS) and {t[0] for t in traffic.values()} == {24}
+
+
+def test_a_party_whose_config_disagrees_with_the_run_is_told_what_differs(
+    party_b: tuple[FastAPI, str], tmp_path: Path
+) -> None:
+    app, url = party_b
+    tables = feature_tables(tmp_path / "a", {"left": (0, 10), "right": (10, 20)})
+    configs = {name: party_config("disagree", name, 10) for name in ("left", "right")}
+    _run_id, tokens = _create(app, url, run_of(configs))
+    wrong = party_config("disagree", "left", 10, **{"run.steps": 30, "quantizer.L": 8})
+    trainer = party_trainer(tmp_path / "state", url, tokens["left"], tables["left"], wrong)
+    try:
+        with pytest.raises(ConfigError) as refused:
+            trainer.prepare()
+        assert "steps: 30 here, 24 in the run" in str(refused.value)
+        assert "quantizer" in str(refused.value)
+        other = party_trainer(
+            tmp_path / "s2", url, tokens["left"], tables["right"], configs["right"]
+        )  # right's config with left's token
+        try:
+            with pytest.raises(ConfigError, match="acts for party 'left'"):
+                other.prepare()
+        finally:
+            other.close()
+    finally:
+        trainer.close()
+
+
+def test_check_and_align_take_a_party_token(party_b: tuple[FastAPI, str], tmp_path: Path) -> None:
+    """fedlite-a check (the image's health check) and align (PSI alone) with a feature
+    party's token: they go through that party's routes (the token says which)."""
+    from tests.utils.cli import run_cli
+
+    app, url = party_b
+    tables = feature_tables(tmp_path / "a", {"left": (0, 10), "right": (10, 20)})
+    configs = {name: party_config("cli", name, 10) for name in ("left", "right")}
+    run_id, tokens = _create(app, url, run_of(configs))
+    env = {"FEDLITE_A_SERVER": url, "FEDLITE_A_TOKEN": tokens["left"]}
+
+    check = run_cli("a", "check", env=env)
+    align = run_cli(
+        "a", "align", "--features", str(tables["left"]), "--state-dir", str(tmp_path / "s"), env=env
+    )
+    wrong = run_cli("a", "check", env={**env, "FEDLITE_A_TOKEN": "not-a-token-0123456789"})
+
+    assert check.returncode == 0, check.stderr
+    assert json.loads(check.stdout) | {"party_b_ids": 0} == {
+        "server": url,
+        "ok": True,
+        "party_b_ids": 0,
+        "run": run_id,
+        "party": "left",
+    }
+    assert align.returncode == 0, align.stderr
+    assert json.loads(align.stdout)["intersection"] == 569 - 6  # left lacks 6 of the ids
+    assert wrong.returncode == 2 and "unknown or revoked token" in wrong.stderr  # cannot heal
+    assert "party token" not in wrong.stderr  # party B's first answer, as for any token
