@@ -6,6 +6,7 @@ scoped; a rollback by one party reaches the others' waiting requests."""
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -26,13 +27,16 @@ WIDTHS = {"bank": 4, "telco": 4, "shop": 8}
 
 
 @contextmanager
-def _party_b(tmp_path: Path, wait: float = 20.0) -> Iterator[tuple[FastAPI, str]]:
+def _party_b(
+    tmp_path: Path, wait: float = 20.0, replica_id: str | None = None
+) -> Iterator[tuple[FastAPI, str]]:
     settings = Settings(
         data_dir=tmp_path / "b",
         labels=labels_csv(tmp_path / "labels.csv"),
         tokens=f"owner:{TOKEN},other:{OTHER}",
         party_wait_seconds=wait,
         privacy="off",  # runs compared to the bit: no per-run randomized labels
+        replica_id=replica_id,
     )
     app = create_app(settings)
     with live_server(app) as url:
@@ -260,3 +264,34 @@ def test_every_party_route_takes_its_own_party_token_only(tmp_path: Path) -> Non
             with bank.client() as client:
                 answer = client.request(method, target, **kwargs)
             assert answer.status_code not in (401, 404), (method, path, answer.text)
+
+
+def test_a_fused_step_from_a_copy_another_replica_took_over_is_refused_then_goes_again(
+    tmp_path: Path,
+) -> None:
+    """Two party B replicas on one database (docs/DEPLOY.md, replicas): the run moves from
+    replica one to replica two and back. Replica one's old copy commits no fused step: every
+    party gets 503 run-moved, and the same step sent again is applied on a fresh load, with
+    the answers replica two gave for it."""
+    with (
+        _party_b(tmp_path, replica_id="one") as (app, one),
+        _party_b(tmp_path, replica_id="two") as (_app, two),
+    ):
+        parties = _aligned(app, one)  # checkpoints every 2 steps
+        for t in (1, 2):
+            answers = together(*(partial(p.step, t) for p in parties))
+            assert [a.status_code for a in answers] == [200] * 3, answers[0].text
+        moved = [replace(p, url=two) for p in parties]  # the balancer sends the run to two
+        at_two = together(*(partial(p.step, 3) for p in moved))
+        assert [a.status_code for a in at_two] == [200] * 3, at_two[0].text
+
+        refused = together(*(partial(p.step, 3) for p in parties))  # back to one's old copy
+        again = together(*(partial(p.step, 3) for p in parties))
+
+        for answer in refused:
+            problem(answer, 503, "run-moved")
+        assert [a.status_code for a in again] == [200] * 3, again[0].text
+        assert [a.content for a in again] == [a.content for a in at_two]
+        with _owner(one) as owner:
+            log = owner.get(f"/v1/runs/{parties[0].run_id}/steps").json()["steps"]
+        assert [row["step"] for row in log] == [1, 2, 3]  # step 3 once
