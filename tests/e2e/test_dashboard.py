@@ -1,11 +1,14 @@
 """Party B's operator dashboard in a real headless browser (Debian's chromium, playwright).
 
 The first test runs ``fedlite-b serve`` with the dashboard on, trains a real run from party
-A over HTTP, and watches the page draw the loss curve further while the run trains; it keeps
-the screenshot in docs/figures/dashboard.png. The second refuses a party A token and a wrong
+A over HTTP, and watches the page draw the loss curve further while the run trains; with
+FEDLITE_UPDATE_FIGURES=1 its screenshot replaces docs/figures/dashboard.png (a test run
+otherwise leaves the checkout as it was). The second refuses a party A token and a wrong
 credential in the page. Without chromium they skip, except under CI=true (tests/utils/browser.py).
 """
 
+import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -80,9 +83,10 @@ def trained(tmp_path: Path) -> Iterator[tuple[str, PartyATrainer]]:
 
 
 def test_the_dashboard_draws_a_training_run_as_it_trains(
-    trained: tuple[str, PartyATrainer],
+    trained: tuple[str, PartyATrainer], tmp_path: Path
 ) -> None:
     url, trainer = trained
+    screenshot = tmp_path / "dashboard.png"
     run_id = trainer.prepare().id
     training = threading.Thread(target=trainer.train)
     with browser_page() as page:
@@ -110,7 +114,7 @@ def test_the_dashboard_draws_a_training_run_as_it_trains(
             "the finished run with its evaluations",
         )
         title, cards = page.inner_text("#run-title"), page.inner_text("#run-cards")
-        page.screenshot(path=str(SCREENSHOT), full_page=True)
+        page.screenshot(path=str(screenshot), full_page=True)
         watch.stop()
 
     # the curve grew while the run was in training, before its last step
@@ -119,7 +123,9 @@ def test_the_dashboard_draws_a_training_run_as_it_trains(
     assert "COMPRESSION" in cards and "×" in cards  # labels are upper case (CSS)
     assert watch.problems() == {}, watch.problems()
     assert any("/dashboard/api/runs/" in r for r in watch.requests)
-    assert 20_000 < SCREENSHOT.stat().st_size < 400_000
+    assert 20_000 < screenshot.stat().st_size < 400_000
+    if os.environ.get("FEDLITE_UPDATE_FIGURES") == "1":
+        shutil.copyfile(screenshot, SCREENSHOT)
 
 
 def test_the_dashboard_refuses_a_party_a_token_and_a_wrong_credential(tmp_path: Path) -> None:
