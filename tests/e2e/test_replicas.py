@@ -90,6 +90,9 @@ class Stack:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 start_new_session=True,
+                # compared to the bit with a reference run: no label DP, whose randomized
+                # labels come from each run's own secret (the replicas inherit this)
+                env={**os.environ, "FEDLITE_B_PRIVACY": "off"},
             )
         lines: queue.Queue[bytes] = queue.Queue()
         assert self.proc.stdout is not None
