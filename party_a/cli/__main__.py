@@ -4,4 +4,5 @@ import sys
 
 from party_a.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing the module (e.g. walking the package) runs nothing
+    sys.exit(main())
