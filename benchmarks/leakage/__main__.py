@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS, machine
+from benchmarks.common import machine
+from benchmarks.leakage import report
 from benchmarks.leakage.grid import BASE, SEEDS, aggregate, order, seed_records
 
 
@@ -62,7 +63,7 @@ def main() -> None:
     parser.add_argument("--only", help='regular expression over "task/downlink/defence"')
     parser.add_argument("--merge", action="store_true", help="keep the JSON's other runs")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "leakage.json")
+    parser.add_argument("--out", type=Path, default=report.RESULT)
     parser.add_argument(
         "--workdir",
         type=Path,
@@ -75,7 +76,7 @@ def main() -> None:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fedlite-leakage-"))
     # the long task first, so that the short ones fill in around it
     jobs = [(t, s) for t in sorted(args.tasks, key=lambda t: -BASE[t].steps) for s in args.seeds]
-    old = json.loads(args.out.read_text()) if args.merge and args.out.exists() else {}
+    old = report.load(args.out) if args.merge and args.out.exists() else {}
     known: dict[tuple[str, int], float] = {}
     for r in old.get("runs", []):
         if r["defence"] == "off" and r["attack"] == "best":
@@ -118,7 +119,7 @@ def main() -> None:
         "runs": runs,
         "records": aggregate(runs),
     }
-    args.out.write_text(dump(doc))
+    report.save(args.out, dump(doc))
     print(f"wrote {args.out}")
 
 

@@ -1,4 +1,4 @@
-"""Render benchmarks/results/leakage.json into the generated section of docs/PRIVACY.md.
+"""Render benchmarks/results/leakage.json.gz into the generated section of docs/PRIVACY.md.
 
     python -m benchmarks.leakage.report     # rewrites the section, and the curve's figure
 
@@ -7,6 +7,7 @@ the prose around it is written by hand. tests/benchmarks/test_leakage.py checks 
 what this module renders from the JSON now, so the doc and the JSON cannot disagree.
 """
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -23,9 +24,18 @@ ATTACKS = ("norm", "direction", "principal", "chained", "energy", "chained+knn",
            "loss")  # fmt: skip
 
 
-def load(path: Path = RESULTS / "leakage.json") -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(path.read_text())
+# gzip: the per-attack runs of every seed are ~3 MB of JSON, ~10x less compressed
+RESULT = RESULTS / "leakage.json.gz"
+
+
+def load(path: Path = RESULT) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(gzip.decompress(path.read_bytes()).decode())
     return doc
+
+
+def save(path: Path, text: str) -> None:
+    """Write the benchmark's JSON text gzipped (reproducibly: no name or time in the header)."""
+    path.write_bytes(gzip.compress(text.encode(), mtime=0))
 
 
 def _settings(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:

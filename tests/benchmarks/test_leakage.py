@@ -1,5 +1,5 @@
 """The label-leakage benchmark: its attacks work on real training and on known gradients, the
-default policy bounds them, and docs/PRIVACY.md shows what benchmarks/results/leakage.json
+default policy bounds them, and docs/PRIVACY.md shows what benchmarks/results/leakage.json.gz
 holds.
 
 The runs are the product's own (party A's trainer, party B's service in process with the
@@ -155,10 +155,10 @@ def test_records_over_seeds_pair_seeds_and_pick_the_attack_best_on_average() -> 
 def test_the_default_records_of_leakage_json_ran_todays_default_preset() -> None:
     records = report.load()["records"]
     default = [r for r in records if r["default"]]
-    assert default, "leakage.json has no run of the default policy"
+    assert default, "leakage.json.gz has no run of the default policy"
     assert {r["defence"] for r in default} == {DEFAULT_PRESET}
     assert {r["policy"] for r in default} == {PRESETS[DEFAULT_PRESET].describe()}, (
-        "the default preset changed since leakage.json was measured: re-run "
+        "the default preset changed since leakage.json.gz was measured: re-run "
         "python -m benchmarks.leakage --only 'protected$' --merge"
     )
     assert all(len(r["seeds"]) >= 5 for r in records)
