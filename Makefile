@@ -71,8 +71,8 @@ bench: $(DEV)
 	$(BIN)/python -m benchmarks.quantizer --threads 1 --activations benchmarks/data/activations.npz --out benchmarks/results/quantizer-1thread.json
 	$(BIN)/python -m benchmarks.quantizer --activations benchmarks/data/activations.npz
 	$(BIN)/python -m benchmarks.step
-	$(BIN)/python -m benchmarks.throughput
-	$(BIN)/python -m benchmarks.memory
+	$(BIN)/python -m benchmarks.scale.throughput
+	$(BIN)/python -m benchmarks.scale.memory
 	$(BIN)/python -m benchmarks.schedule
 	$(BIN)/python -m benchmarks.floor
 	$(BIN)/python -m benchmarks.threads

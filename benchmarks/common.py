@@ -1,4 +1,5 @@
-"""Shared helpers of the benchmark scripts: timing, machine description, result files.
+"""Shared helpers of the benchmark scripts: timing, machine description, result files, and
+the formats the generated tables share.
 
 Every benchmark writes one JSON file under ``benchmarks/results/`` with the machine, library
 versions, the load average before and after (the machine is shared, so every figure must be
@@ -108,8 +109,10 @@ def _command() -> str:
     script = Path(sys.argv[0]).resolve()
     root = Path(__file__).resolve().parents[1]
     if script.is_relative_to(root) and script.suffix == ".py":
-        module = ".".join(script.relative_to(root).with_suffix("").parts)
-        return " ".join(["python", "-m", module, *sys.argv[1:]])
+        parts = script.relative_to(root).with_suffix("").parts
+        if parts[-1] == "__main__":  # python -m benchmarks.floor runs benchmarks/floor/__main__.py
+            parts = parts[:-1]
+        return " ".join(["python", "-m", ".".join(parts), *sys.argv[1:]])
     return " ".join(["python", *sys.argv])
 
 
@@ -126,3 +129,22 @@ def write_result(name: str, payload: dict[str, Any], out: Path | None = None) ->
     }
     path.write_text(json.dumps(document, indent=2) + "\n")
     return path
+
+
+def format_ms(x: float | None) -> str:
+    """A time (ms, or any figure of that size) as the tables print it: two decimals below 10,
+    one below 100, none above; a dash when it was not measured."""
+    if x is None:
+        return "–"
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def load_note(doc: dict[str, Any]) -> str:
+    """When a result was measured and the machine's state: load average before and after,
+    CPUs, torch threads."""
+    before = doc.get("loadavg_before", [0])[0]
+    after = doc.get("loadavg_after", [0])[0]
+    return (
+        f"{doc['when']}, load average {before:.1f} → {after:.1f} on {doc['machine']['cpus']} "
+        f"CPUs, torch threads {doc['machine']['torch_threads']}"
+    )

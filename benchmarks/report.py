@@ -10,11 +10,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS
-from benchmarks.report_first_contact import first_contact_table
-from benchmarks.report_floor import floor_breakdown_table, floor_locust_table, floor_table
-from benchmarks.report_scale import memory_bounded_table, replicas_table
-from benchmarks.report_wan import staleness_table, wan_table
+from benchmarks.common import RESULTS, format_ms, load_note
+from benchmarks.first_contact.report import first_contact_table
+from benchmarks.floor.report import floor_breakdown_table, floor_locust_table, floor_table
+from benchmarks.scale.report import (
+    memory_bounded_table,
+    memory_tables,
+    replicas_table,
+    throughput_table,
+)
+from benchmarks.wan.report import staleness_table, wan_table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md"
 BEGIN, END = "<!-- BEGIN GENERATED -->", "<!-- END GENERATED -->"
@@ -25,26 +30,11 @@ def _load(name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _ms(x: float | None) -> str:
-    if x is None:
-        return "–"
-    return f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
-
-
-def _load_note(doc: dict[str, Any]) -> str:
-    before = doc.get("loadavg_before", [0])[0]
-    after = doc.get("loadavg_after", [0])[0]
-    return (
-        f"{doc['when']}, load average {before:.1f} → {after:.1f} on {doc['machine']['cpus']} "
-        f"CPUs, torch threads {doc['machine']['torch_threads']}"
-    )
-
-
 def quantizer_table(doc: dict[str, Any]) -> list[str]:
     methods = ["ours", "ours_all", "ours_sub256", "faiss", "faiss_all", "sklearn"]
     methods = [m for m in methods if any(m in row for row in doc["rows"])]
     lines = [
-        f"*{_load_note(doc)}; `{doc['command']}`*",
+        f"*{load_note(doc)}; `{doc['command']}`*",
         "",
         "| shape | " + " | ".join(f"{m} ms (error)" for m in methods)
         + " | ours / fastest rival (wall) | same, CPU time | ours CPU / floor |",
@@ -54,7 +44,7 @@ def quantizer_table(doc: dict[str, Any]) -> list[str]:
         cells = []
         for m in methods:
             r = row.get(m)
-            cells.append("–" if not r else f"{_ms(r['median_ms'])} ({r['rel_error']:.4f})")
+            cells.append("–" if not r else f"{format_ms(r['median_ms'])} ({r['rel_error']:.4f})")
         ratio = row.get("ratio_to_fastest_rival")
         cpu = row.get("cpu_ratio_to_fastest_rival")
         floor = row.get("floor")
@@ -63,11 +53,14 @@ def quantizer_table(doc: dict[str, Any]) -> list[str]:
             "–" if cpu is None else f"{cpu:.2f}",
             "–"
             if floor is None
-            else f"{row['ratio_to_floor']:.1f} (floor {_ms(floor['floor_ms'])})",
+            else f"{row['ratio_to_floor']:.1f} (floor {format_ms(floor['floor_ms'])})",
         ]
         lines.append(f"| {row['tag']} | " + " | ".join(cells + extra) + " |")
     bottom = doc["femnist_bottom_step"]["median_ms"]
-    lines += ["", f"FEMNIST bottom forward + backward + SGD (B=20), same run: {_ms(bottom)} ms."]
+    lines += [
+        "",
+        f"FEMNIST bottom forward + backward + SGD (B=20), same run: {format_ms(bottom)} ms.",
+    ]
     if "first_call" in doc:
         first = doc["first_call"]
         lines.append(
@@ -105,7 +98,9 @@ def quantizer_target_table(one: dict[str, Any], default: dict[str, Any] | None) 
             lowest = min(r["rel_error"] for r in rivals)
             error = ours["rel_error"] / lowest - 1
             met = cpu <= 1.0 and ours["rel_error"] <= lowest * 1.005
-            cells = [f"{_ms(r['cpu_median_ms'])} ({r['rel_error']:.4f})" for r in [ours, *rivals]]
+            cells = [
+                f"{format_ms(r['cpu_median_ms'])} ({r['rel_error']:.4f})" for r in [ours, *rivals]
+            ]
             lines.append(
                 f"| {row['tag']} | {threads} | " + " | ".join(cells)
                 + f" | {cpu:.2f} ({wall:.2f}) | {100 * error:+.2f} % "
@@ -116,7 +111,7 @@ def quantizer_target_table(one: dict[str, Any], default: dict[str, Any] | None) 
 
 def codec_table(doc: dict[str, Any]) -> list[str]:
     lines = [
-        f"*{_load_note(doc)}*",
+        f"*{load_note(doc)}*",
         "",
         "| shape | FedLite request B | enc/dec µs | SplitFed request B | enc/dec µs "
         "| gradient response B | enc/dec µs | compression |",
@@ -136,19 +131,19 @@ def step_table(doc: dict[str, Any]) -> list[str]:
     names = ["fedlite/inprocess", "fedlite/http", "splitfed/inprocess", "splitfed/http"]
     parts = list(sessions[names[0]]["party_a"])
     lines = [
-        f"*{_load_note(doc)}; medians over {doc['steps']} steps per session*",
+        f"*{load_note(doc)}; medians over {doc['steps']} steps per session*",
         "",
         "| part (ms) | " + " | ".join(names) + " |",
         "|---|" + "---|" * len(names),
     ]
     for part in parts:
-        values = [_ms(sessions[n]["party_a"][part]["median_ms"]) for n in names]
+        values = [format_ms(sessions[n]["party_a"][part]["median_ms"]) for n in names]
         lines.append(f"| A: {part} | " + " | ".join(values) + " |")
     for part in sessions[names[0]]["party_b"]:
-        values = [_ms(sessions[n]["party_b"][part]) for n in names]
+        values = [format_ms(sessions[n]["party_b"][part]) for n in names]
         lines.append(f"| B: {part} | " + " | ".join(values) + " |")
     for part in sessions[names[0]]["codec"]:
-        values = [_ms(sessions[n]["codec"][part]) for n in names]
+        values = [format_ms(sessions[n]["codec"][part]) for n in names]
         lines.append(f"| codec: {part} | " + " | ".join(values) + " |")
     lines += ["", "| overhead of HTTP + codec | FedLite | SplitFed |", "|---|---|---|"]
     derived = {mode: step_overheads(sessions, mode) for mode in ("fedlite", "splitfed")}
@@ -157,7 +152,7 @@ def step_table(doc: dict[str, Any]) -> list[str]:
         ("by_server_time", "HTTP round trip − party B's own step time (its log), + codec"),
     ):
         cells = [
-            f"{_ms(derived[m][key + '_ms'])} ms = {100 * derived[m][key]:.1f} % of the step"
+            f"{format_ms(derived[m][key + '_ms'])} ms = {100 * derived[m][key]:.1f} % of the step"
             for m in derived
         ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
@@ -180,59 +175,9 @@ def step_overheads(sessions: dict[str, Any], mode: str) -> dict[str, float]:
     }
 
 
-def throughput_table(doc: dict[str, Any]) -> list[str]:
-    lines = [
-        f"*{_load_note(doc)}; scenario {doc['scenario']}; party B torch threads "
-        f"{doc.get('party_b_torch_threads') or 'default'}*",
-        "",
-        "| concurrent runs | HTTP steps/s | p50 ms | p99 ms | failures | in-process steps/s "
-        "| p50 ms | p99 ms | HTTP / in-process |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in doc["rows"]:
-        h, i = row["http"], row["in_process"]
-        lines.append(
-            f"| {row['users']} | {_ms(h['steps_per_s'])} | {_ms(h['p50_ms'])} | "
-            f"{_ms(h['p99_ms'])} | {h['failures']} | {_ms(i['steps_per_s'])} | "
-            f"{_ms(i['p50_ms'])} | {_ms(i['p99_ms'])} | {row['http_ratio']:.2f} |"
-        )
-    return lines
-
-
-def memory_tables(doc: dict[str, Any]) -> list[str]:
-    a, b = doc["party_a"], doc["party_b"]
-    mib = 1 / 2**20
-    lines = [
-        f"*{_load_note(doc)}*",
-        "",
-        "| party A (FEMNIST, B=20, FedLite) | MiB |",
-        "|---|---|",
-        f"| idle process with torch imported (peak RSS) | {a['idle_torch_kib'] / 1024:.1f} |",
-        f"| bare torch: the same bottom steps and quantizer, nothing else (peak RSS) | "
-        f"{a.get('bare_torch_steps_kib', 0) / 1024:.1f} |",
-        f"| party A after its imports (peak RSS) | {a['after_imports_kib'] / 1024:.1f} |",
-        f"| party A peak RSS over {a['steps']} training steps | {a['peak_kib'] / 1024:.1f} |",
-        f"| **peak above idle torch** | **{a['peak_above_idle_torch_bytes'] * mib:.1f}** |",
-        f"| peak above party A's own imports | {a['peak_above_own_imports_bytes'] * mib:.1f} |",
-    ]
-    for item, nbytes in a["needed_bytes"].items():
-        lines.append(f"| needed: {item.replace('_', ' ')} | {nbytes * mib:.2f} |")
-    lines += [
-        f"| **needed, total** | **{a['needed_total_bytes'] * mib:.1f}** |",
-        "",
-        "| party B | RSS MiB |",
-        "|---|---|",
-    ]
-    for r in b["rss_by_steps"]:
-        lines.append(f"| after {r['steps']} steps of one run | {r['rss_kib'] / 1024:.1f} |")
-    for r in b["rss_by_finished_runs"]:
-        lines.append(f"| after {r['finished_runs']} finished runs | {r['rss_kib'] / 1024:.1f} |")
-    return lines
-
-
 def schedule_table(doc: dict[str, Any]) -> list[str]:
     lines = [
-        f"*{_load_note(doc)}; `{doc['command']}`*",
+        f"*{load_note(doc)}; `{doc['command']}`*",
         "",
         "| task (aligned ids, clients) | version | split ms | shuffle: epoch ms | shuffle: "
         "per step, amortized ms | clients: build ms | clients: per step ms |",
@@ -240,12 +185,13 @@ def schedule_table(doc: dict[str, Any]) -> list[str]:
     ]
     for r in doc["rows"]:
         clients = f", {r['clients']} clients" if "clients" in r else ""
-        build = _ms(r["clients_build"]["median_ms"]) if "clients_build" in r else "–"
-        step = _ms(r["clients_step"]["median_ms"]) if "clients_step" in r else "–"
+        build = format_ms(r["clients_build"]["median_ms"]) if "clients_build" in r else "–"
+        step = format_ms(r["clients_step"]["median_ms"]) if "clients_step" in r else "–"
         lines.append(
             f"| {r['task']} ({r['aligned']:,}{clients}) | {r['version']} "
-            f"| {_ms(r['split']['median_ms'])} | {_ms(r['shuffle_epoch']['median_ms'])} "
-            f"| {_ms(r['shuffle_amortized_ms'])} | {build} | {step} |"
+            f"| {format_ms(r['split']['median_ms'])} "
+            f"| {format_ms(r['shuffle_epoch']['median_ms'])} "
+            f"| {format_ms(r['shuffle_amortized_ms'])} | {build} | {step} |"
         )
     return lines
 
@@ -355,7 +301,7 @@ def parties_table(doc: dict[str, Any]) -> list[str]:
     gap = target["gap"]
     verdict = "**met**" if target["met"] else "**not met**"
     lines = [
-        f"*{_load_note(doc)}; `{doc['command']}`; value: the mean over the seeds "
+        f"*{load_note(doc)}; `{doc['command']}`; value: the mean over the seeds "
         "(± sample standard deviation); gap: N = 2's mean minus N = 1's, the same method; bytes "
         "are len() of the step messages (HTTP bodies) per step, each party's and the total*",
         "",

@@ -5,9 +5,9 @@ checkpoint sizes (docs/DEPLOY.md), each rendered from the committed result."""
 import json
 from typing import Any
 
-from benchmarks import checkpoints, failover
 from benchmarks.common import RESULTS
-from benchmarks.report_scale import memory_bounded_table, replicas_table
+from benchmarks.scale import checkpoints, failover
+from benchmarks.scale.report import memory_bounded_table, replicas_table
 
 
 def _result(name: str) -> dict[str, Any]:

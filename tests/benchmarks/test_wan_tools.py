@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from benchmarks import netns
-from benchmarks.netproxy import serve
+from benchmarks.wan import netns
+from benchmarks.wan.netproxy import serve
 
 
 def _free_port() -> int:

@@ -1,8 +1,8 @@
 """Party B replicated: ``make replicas`` (PostgreSQL, HAProxy, two ``fedlite-b serve``
 replicas, no Docker) with runs training through the load balancer while the replica that
 holds a run is SIGKILLed; every run ends bit-identical to an uninterrupted one, each step
-logged once. (``python -m benchmarks.failover`` does the same with three replicas, more runs
-and kills, and measures the recovery.)
+logged once. (``python -m benchmarks.scale.failover`` does the same with three replicas, more
+runs and kills, and measures the recovery.)
 
 Needs Debian's ``postgresql`` and ``haproxy``: skipped with the reason when either is
 missing, failed under CI (``.ci/run`` installs both).

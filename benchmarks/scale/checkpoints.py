@@ -1,7 +1,7 @@
 """Checkpoints of party B's top models: their size, and what writing and reading one costs
 on SQLite and on PostgreSQL -- where replicas keep them (docs/DEPLOY.md, "Replicas").
 
-    python -m benchmarks.checkpoints [--database-url postgresql+psycopg://...] [--repeats 5]
+    python -m benchmarks.scale.checkpoints [--database-url postgresql+psycopg://...] [--repeats 5]
 
 Each top model is built as party B builds it (``Admission.new_trainer``) and takes one real
 optimizer step (so that Adam's moments exist); a checkpoint is then its model state and its

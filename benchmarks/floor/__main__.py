@@ -3,6 +3,7 @@
     python -m benchmarks.floor                            # breast, default_credit, femnist
     python -m benchmarks.floor --baseline f352584         # and that commit's product, A/B
     python -m benchmarks.floor --tasks breast --rounds 4 --block 10
+    python -m benchmarks.floor.locust --baseline f352584  # small steps under locust, A/B
 
 Party B, per task: (a) bare torch's forward + backward + optimizer step of the run's own top
 model, (b) one durable commit of one step-log row through ``sqlite3`` alone in party B's
@@ -18,149 +19,33 @@ Target: <= 3 x the floor.
 Everything of one task is measured in one process, in rounds whose blocks (each floor at
 each thread count, the in-process run, the HTTP run) take turns in a rotating order, so
 that they share the noise of a shared machine. ``--baseline REV`` runs the product of commit
-REV the same way (``git archive`` into a temporary directory, with this checkout's
-benchmark modules), in worker processes alternating with this checkout's, ``--pairs`` of
-each, so before and after share the noise too. Writes ``benchmarks/results/floor.json``
-(one record per task and party, ``before`` nested) and prints a summary; the table is
+REV the same way (``git archive`` into a temporary directory, with this checkout's floor
+package), in worker processes alternating with this checkout's, ``--pairs`` of each, so
+before and after share the noise too. Writes ``benchmarks/results/floor.json`` (one record
+per task and party, ``before`` nested) and prints a summary; the table is
 ``python -m benchmarks.report``'s.
+
+The package: ``tasks`` (the runs measured), ``measure`` (the bare floors, and where the
+product's step spends its time), ``worker`` (one process's rounds), ``records`` (from samples
+to records), ``trees`` (the other versions), ``report`` (the tables), and ``locust`` (party
+B's steps/s under locust, before and after).
 """
 
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS, ROOT, versions, write_result
-from benchmarks.floor_records import records
+from benchmarks.floor.records import records
+from benchmarks.floor.trees import baseline_tree, revision
+from benchmarks.floor.worker import work
 
 __all__ = ["main"]
-
-
-def work(tasks: list[str], rounds: int, block: int, warmup: int) -> dict[str, Any]:
-    """One worker: every task's floors and product steps, in rounds (this process's code)."""
-    import torch
-
-    from benchmarks import floor_measure as m
-    from benchmarks.floor_tasks import TASKS, http_party_b, http_session, in_process_session
-
-    parts = m.Parts()
-    parts.install(m.A_PARTS + m.B_PARTS)
-    cores = os.cpu_count() or 1
-    threads = sorted({1, cores})
-    out: dict[str, Any] = {
-        "loadavg_before": os.getloadavg(),
-        "torch_default_threads": torch.get_num_threads(),
-        "missing_parts": parts.missing,
-    }
-    with tempfile.TemporaryDirectory(prefix="fedlite-floor-") as tmp, ExitStack() as stack:
-        work_dir = Path(tmp)
-        jobs: dict[str, list[tuple[str, Any]]] = {}
-        samples: dict[str, dict[str, Any]] = {}
-        for name in tasks:
-            task = TASKS[name]
-            url = stack.enter_context(http_party_b(name, work_dir))
-            local, service = in_process_session(task, work_dir, parts.take)
-            remote = http_session(task, url, work_dir, parts.take)
-            stack.callback(local.close)
-            stack.callback(remote.close)
-            for session in (local, remote):
-                session.block(warmup)
-            top = m.bare_top(service, local.run_id)
-            bottom = m.bare_bottom(local.trainer)
-            commit = m.commit_floor(work_dir / f"commit-floor-{name}.sqlite")
-            s: dict[str, Any] = {"bare_top": {}, "bare_bottom": {}, "commit": []}
-            for n in threads:
-                s["bare_top"][str(n)], s["bare_bottom"][str(n)] = [], []
-            samples[name] = s
-            jobs[name] = _jobs(s, threads, block, top, bottom, commit, local, remote)
-            for _kind, job in jobs[name]:
-                job(record=False)  # warm every path once
-        for r in range(rounds):
-            for name in tasks:
-                order = jobs[name][r % len(jobs[name]) :] + jobs[name][: r % len(jobs[name])]
-                for _kind, job in order:
-                    job(record=True)
-    out["samples"] = samples
-    out["loadavg_after"] = os.getloadavg()
-    return out
-
-
-def _jobs(
-    s: dict[str, Any], threads: list[int], block: int, top: Any, bottom: Any, commit: Any,
-    local: Any, remote: Any,
-) -> list[tuple[str, Any]]:  # fmt: skip
-    """The measurement blocks of one task, each ``job(record=...)``, appending to ``s``."""
-    import time
-
-    from benchmarks.floor_measure import fixed_threads
-
-    def timed(fn: Any, n: int) -> list[float]:
-        out = []
-        for _ in range(n):
-            start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
-        return out
-
-    def top_job(n: int) -> Any:
-        def job(record: bool) -> None:
-            with fixed_threads(n):
-                times = timed(top, block)
-            if record:
-                s["bare_top"][str(n)] += times
-
-        return job
-
-    def bottom_job(n: int) -> Any:
-        def job(record: bool) -> None:
-            with fixed_threads(n):
-                steps = [bottom(t) for t in range(block)]
-            if record:
-                s["bare_bottom"][str(n)] += steps
-
-        return job
-
-    def commit_job(record: bool) -> None:
-        times = timed(commit, block)
-        if record:
-            s["commit"] += times
-
-    def session_job(key: str, session: Any) -> Any:
-        def job(record: bool) -> None:
-            got = session.block(block + 1)  # the block's first step is not timed
-            if record:
-                kept = s.setdefault(key, {"party_a": [], "round_trip": [], "parts": []})
-                kept["party_a"] += got.party_a
-                kept["round_trip"] += got.round_trip
-                kept["parts"] += got.parts
-
-        return job
-
-    out: list[tuple[str, Any]] = []
-    for n in threads:
-        out += [(f"top{n}", top_job(n)), (f"bottom{n}", bottom_job(n))]
-    out += [("commit", commit_job)]
-    out += [("inprocess", session_job("inprocess", local)), ("http", session_job("http", remote))]
-    return out
-
-
-def baseline_tree(rev: str, into: Path) -> Path:
-    """Commit ``rev`` of this repository in ``into``, with this checkout's floor modules (so
-    that this checkout can change while the benchmark runs)."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True
-    ).stdout
-    into.mkdir(parents=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    for path in (ROOT / "benchmarks").glob("floor*.py"):
-        shutil.copy(path, into / "benchmarks" / path.name)
-    return into
 
 
 def run_worker(tree: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -193,7 +78,9 @@ def merge(workers: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.floor", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--tasks", nargs="+", default=["breast", "default_credit", "femnist"])
     parser.add_argument("--rounds", type=int, default=6, help="rounds per worker")
     parser.add_argument("--block", type=int, default=15, help="steps (or calls) per block")
@@ -269,7 +156,7 @@ def finish(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
         {
             "runs": runs_meta,
             "versions": versions("torch", "numpy", "fastapi", "uvicorn", "httpx", "sqlalchemy"),
-            "code": args.candidate or _revision(),
+            "code": args.candidate or revision(),
             "baseline": args.baseline,
             "workers": {code: [_meta(w) for w in ws] for code, ws in runs.items()},
             "rounds": args.rounds,
@@ -285,18 +172,6 @@ def finish(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
 
 def _meta(worker: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in worker.items() if k != "samples"}
-
-
-def _revision() -> str:
-    head = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    return head + ("+changes" if dirty else "")
 
 
 def _line(rec: dict[str, Any]) -> str:

@@ -1,9 +1,9 @@
 """Steps per second across a WAN: party A and party B in two network namespaces.
 
 Party B is ``fedlite-b serve`` in namespace B; party A is the product's ``PartyATrainer`` over
-``HttpTransport`` in namespace A, through ``benchmarks.netproxy`` (RTT/2 each way) and a veth
-pair shaped by tbf (``benchmarks.netns``). For every scenario (bandwidth, RTT), task and
-method it trains ``--steps`` steps and measures the steady rate after ``--warmup`` steps.
+``HttpTransport`` in namespace A, through ``benchmarks.wan.netproxy`` (RTT/2 each way) and a
+veth pair shaped by tbf (``benchmarks.wan.netns``). For every scenario (bandwidth, RTT), task
+and method it trains ``--steps`` steps and measures the steady rate after ``--warmup`` steps.
 
 Methods: SplitFed (raw float32 both ways), FedLite (PQ uplink, float32 gradients: the paper's)
 and FedLite with each downlink named by ``--downlink`` (``default``: the one a new run of the
@@ -15,6 +15,10 @@ the steady pipelined one (a run with ``checkpoint_interval`` c refills K-1 steps
     sudo python -m benchmarks.wan [--steps 40] [--warmup 8] [--downlink default]
 
 Without root or iproute2 it writes the reason into the JSON and exits 0.
+
+What pipelining costs in accuracy, the other side of its speed here, is
+``python -m benchmarks.wan.staleness``'s (no network: party B in process); ``report`` renders
+both into docs/PERFORMANCE.md.
 """
 
 import argparse
@@ -28,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import netns
 from benchmarks.common import ROOT, versions, write_result
+from benchmarks.wan import netns
 from party_b.ops.launch import child_process
 
 SCENARIOS = [(100.0, 10.0), (20.0, 40.0)]  # (Mbit/s, RTT ms)
@@ -193,7 +197,7 @@ def _task_runs(
             link.shape(mbit)
             label = f"{mbit:g}mbit-{rtt:g}ms"
             proxy = _python(
-                "benchmarks.netproxy", "--listen", f"127.0.0.1:{PORT_PROXY}",
+                "benchmarks.wan.netproxy", "--listen", f"127.0.0.1:{PORT_PROXY}",
                 "--target", f"{link.addr_b}:{PORT_B}", "--delay-ms", str(rtt / 2),
             )  # fmt: skip
             runs = [
@@ -239,7 +243,9 @@ def _speedups(records: list[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.wan", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="command")
     inner = sub.add_parser("party-a", help="(internal) party A's runs inside namespace A")
     inner.add_argument("spec", type=Path)
@@ -269,7 +275,9 @@ def main() -> None:
     payload: dict[str, Any] = {
         "versions": versions("torch", "httpx", "uvicorn"),
         "settings": {k: v for k, v in vars(args).items() if k != "command"},
-        "latency": "user-space proxy, RTT/2 each way (benchmarks.netproxy); tbf on both veth ends",
+        "latency": (
+            "user-space proxy, RTT/2 each way (benchmarks.wan.netproxy); tbf on both veth ends"
+        ),
         "code": subprocess.run(
             ["git", "log", "-1", "--format=%H %s"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip(),

@@ -19,8 +19,8 @@ left open (3 steps each, never finished), once on a party B without a bound (100
 once with ``--max-live-runs 2``; RSS after each. Target: flat once the open runs pass the
 bound.
 
-    python -m benchmarks.memory [--steps 300] [--runs 10]
-    python -m benchmarks.memory --bounded-only [--open-runs 10] [--cap 2]
+    python -m benchmarks.scale.memory [--steps 300] [--runs 10]
+    python -m benchmarks.scale.memory --bounded-only [--open-runs 10] [--cap 2]
 """
 
 import argparse
@@ -191,7 +191,8 @@ def measure_party_a(url: str, work: Path, ids: list[str], images: np.ndarray, st
     features = work / "features.npz"
     np.savez(features, ids=np.array(ids), x=images.reshape(len(images), -1))
     code = (
-        "import json, sys; from pathlib import Path; from benchmarks.memory import party_a_child;"
+        "import json, sys; from pathlib import Path;"
+        " from benchmarks.scale.memory import party_a_child;"
         f"print(json.dumps(party_a_child({url!r}, Path({str(features)!r}), {steps},"
         f" Path({str(work / 'a-state')!r}))))"
     )

@@ -10,7 +10,7 @@ One difference from a real long link, stated where the numbers are: TCP's own co
 control sees the short veth hop, not the delay, so slow start over a long RTT is not modelled
 (large transfers look somewhat better than on a real WAN).
 
-    python -m benchmarks.netproxy --listen 127.0.0.1:9000 --target 10.77.0.2:8000 --delay-ms 20
+    python -m benchmarks.wan.netproxy --listen 127.0.0.1:9000 --target 10.77.0.2:8000 --delay-ms 20
 """
 
 import argparse

@@ -15,7 +15,7 @@ calls) of every worker of that version; ``spread`` gives the quartiles.
 import statistics
 from typing import Any
 
-from benchmarks.floor_measure import A_PARTS, B_PARTS, summary
+from benchmarks.floor.measure import A_PARTS, B_PARTS, summary
 
 __all__ = ["records"]
 

@@ -3,6 +3,8 @@ load test (``floor-locust.json``), for ``benchmarks.report``."""
 
 from typing import Any
 
+from benchmarks.common import format_ms
+
 __all__ = ["floor_breakdown_table", "floor_locust_table", "floor_table"]
 
 _B_PARTS = ["decode", "checks", "top_step", "downlink_encode", "store_commit", "framework"]
@@ -17,14 +19,8 @@ _A_PARTS = [
 ]
 
 
-def _ms(x: float | None) -> str:
-    if x is None:
-        return "–"
-    return f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
-
-
 def _spread(s: dict[str, float]) -> str:
-    return f"{_ms(s['median_ms'])} ({_ms(s['p25_ms'])}-{_ms(s['p75_ms'])})"
+    return f"{format_ms(s['median_ms'])} ({format_ms(s['p25_ms'])}-{format_ms(s['p75_ms'])})"
 
 
 def _note(doc: dict[str, Any]) -> str:
@@ -52,8 +48,8 @@ def floor_table(doc: dict[str, Any]) -> list[str]:
     for r in doc["records"]:
         if r["party"] == "B":
             what = (
-                f"(a) bare top step {_ms(r['bare_top_ms'])} ({r['bare_top_threads']} thr.) "
-                f"+ (b) commit {_ms(r['commit_ms'])}; (c) in process: "
+                f"(a) bare top step {format_ms(r['bare_top_ms'])} ({r['bare_top_threads']} thr.) "
+                f"+ (b) commit {format_ms(r['commit_ms'])}; (c) in process: "
                 f"{_spread(r['spread']['inprocess'])}; product = (d) over HTTP"
             )
             product = _spread(r["spread"]["http"])
@@ -62,12 +58,13 @@ def floor_table(doc: dict[str, Any]) -> list[str]:
             product = _spread(r["spread"]["product"])
         before = r.get("before")
         tail = (
-            f"{_ms(before['floor_ms'])} | {_ms(before['product_ms'])} | {before['ratio']:.1f}"
+            f"{format_ms(before['floor_ms'])} | {format_ms(before['product_ms'])} "
+            f"| {before['ratio']:.1f}"
             if before
             else "– | – | –"
         )
         lines.append(
-            f"| {r['task']} | {r['party']} | {what} | {_ms(r['floor_ms'])} | {product} "
+            f"| {r['task']} | {r['party']} | {what} | {format_ms(r['floor_ms'])} | {product} "
             f"| **{r['ratio']:.1f}** | {tail} |"
         )
     return lines
@@ -102,7 +99,7 @@ def _breakdown_rows(r: dict[str, Any], parts: list[str]) -> list[str]:
     for version, rec in (("after", r), ("before", r.get("before"))):
         if rec is None:
             continue
-        cells = [_ms(rec["breakdown"].get(p)) for p in parts]
+        cells = [format_ms(rec["breakdown"].get(p)) for p in parts]
         rows.append(f"| {r['task']} | {version} | " + " | ".join(cells) + " |")
     return rows
 
@@ -121,12 +118,12 @@ def floor_locust_table(doc: dict[str, Any]) -> list[str]:
         runs = doc["runs"].get(code, [])
         if not runs:
             continue
-        rates = ", ".join(_ms(r["steps_per_s"]) for r in runs)
-        p50 = ", ".join(_ms(r["p50_ms"]) for r in runs)
-        p99 = ", ".join(_ms(r["p99_ms"]) for r in runs)
+        rates = ", ".join(format_ms(r["steps_per_s"]) for r in runs)
+        p50 = ", ".join(format_ms(r["p50_ms"]) for r in runs)
+        p99 = ", ".join(format_ms(r["p99_ms"]) for r in runs)
         failures = sum(r["failures"] or 0 for r in runs)
         lines.append(
-            f"| {code} | {rates} | {_ms(doc['median_steps_per_s'][code])} | {p50} | {p99} "
+            f"| {code} | {rates} | {format_ms(doc['median_steps_per_s'][code])} | {p50} | {p99} "
             f"| {failures} |"
         )
     if "gain" in doc:

@@ -3,8 +3,8 @@
     namespace A (party A, latency proxy)  10.77.0.1 --veth-- 10.77.0.2  namespace B (party B)
 
 Both ends of the veth get a tbf at the scenario's rate, so each direction has the bandwidth
-on its own (a symmetric link). Latency is added in user space (``benchmarks.netproxy``): this
-kernel has no netem. Everything is removed again on exit, on error and on SIGTERM.
+on its own (a symmetric link). Latency is added in user space (``benchmarks.wan.netproxy``):
+this kernel has no netem. Everything is removed again on exit, on error and on SIGTERM.
 """
 
 import os

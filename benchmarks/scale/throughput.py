@@ -1,30 +1,29 @@
 """Party B throughput: steps/s and p50/p99 under locust with 1, 4 and 16 concurrent runs, and
 its own in-process throughput with the same concurrency (the 80 % target).
 
-Over HTTP: ``python -m loadtests.run`` starts ``fedlite-b serve`` on 127.0.0.1 and runs locust
-headless; steps/s is party B's own count of applied steps (``/metrics``) over a window that
-starts after run creation and alignment, p50/p99 and failures are locust's for the step
-requests. In process: the same ``Service`` in this process, one thread per run, each doing
-what a locust user does per step (build the request with the product's schedule and codec,
-call ``Service.step``, decode the gradient and check its shape), counted over the same
-kind of window. Both sides therefore spend the same client work; the difference is HTTP.
+Over HTTP: ``loadtests.run``'s ``serve_party_b`` starts ``fedlite-b serve`` on 127.0.0.1
+and its ``run_locust`` runs locust headless; steps/s is party B's own count of applied steps
+(``/metrics``) over a window that starts after run creation and alignment, p50/p99 and
+failures are locust's for the step requests. In process: the same ``Service`` in this
+process, one thread per run, each doing what a locust user does per step (build the request
+with the product's schedule and codec, call ``Service.step``, decode the gradient and check
+its shape), counted over the same kind of window. Both sides therefore spend the same client
+work; the difference is HTTP.
 
-    python -m benchmarks.throughput [--scenario femnist-fedlite] [--users 1,4,16]
+    python -m benchmarks.scale.throughput [--scenario femnist-fedlite] [--users 1,4,16]
 """
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, versions, write_result
+from benchmarks.common import versions, write_result
+from loadtests.run import run_locust, serve_party_b, step_figures
 from loadtests.scenarios import SCENARIOS, StepSchedule, hashed_ids, read_ids, write_label_table
 from party_b.inprocess import in_process_party_b
 from party_b.labels import load_label_table
@@ -92,47 +91,21 @@ def in_process(scenario_name: str, users: int, warmup: float, window: float) -> 
 def over_http(
     scenario: str, users: int, run_time: float, warmup: float, torch_threads: int | None
 ) -> dict[str, Any]:
-    """``python -m loadtests.run`` (its command line, as a user runs it) and its summary."""
-    extra = ["--torch-threads", str(torch_threads)] if torch_threads else []
+    """The load test (``loadtests.run``) against a ``fedlite-b serve`` it starts: the figures
+    of its summary."""
     with tempfile.TemporaryDirectory(prefix="fedlite-tp-") as tmp:
-        out = Path(tmp) / "summary.json"
-        code = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "loadtests.run",
-                *extra,
-                "--scenarios",
-                scenario,
-                "--users",
-                str(users),
-                "--run-time",
-                f"{run_time:.0f}s",
-                "--warmup",
-                str(warmup),
-                "--max-fail-ratio",
-                "0",
-                "--max-p99-ms",
-                "1000000",
-                "--out",
-                str(out),
-            ],  # fmt: skip
-            cwd=ROOT,
-            check=False,
-        ).returncode
-        summary: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
-    steps = {k: v for k, v in summary.get("locust", {}).items() if "/steps" in k}
-    step: dict[str, Any] = next(iter(steps.values()), {})
-    return {
-        "users": users,
-        "exit_code": code,
-        "steps_per_s": summary.get("server_steps_per_s"),
-        "window_s": summary.get("server_window_s"),
-        "locust_steps": step.get("requests"),
-        "failures": summary.get("locust", {}).get("Aggregated", {}).get("failures"),
-        "p50_ms": step.get("p50_ms"),
-        "p99_ms": step.get("p99_ms"),
-    }
+        labels = write_label_table(Path(tmp) / "labels.csv")
+        with serve_party_b(Path(tmp), labels, torch_threads=torch_threads) as (url, counted):
+            summary = run_locust(
+                [scenario],
+                url,
+                labels,
+                users=users,
+                run_time=run_time,
+                warmup=warmup,
+                metrics_from=counted,
+            )
+    return {"users": users, **step_figures(summary)}
 
 
 def main() -> None:

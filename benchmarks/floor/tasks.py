@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import ROOT
 from experiments.tasks import TASK_ENV, TaskData, load_task
 from party_a.bottom import StepResult
 from party_a.config import PartyAConfig, load_config
@@ -41,7 +42,6 @@ __all__ = [
     "party_a_config",
 ]
 
-ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "floor-benchmark-token-0123456789"
 FOREVER = 10**6  # the runs' steps: never reached, so no run finishes while it is measured
 
@@ -147,7 +147,7 @@ class Session:
         workdir: Path,
         parts: Callable[[], dict[str, float]] | None = None,
     ) -> None:
-        """``parts``: what each step's time went to (``floor_measure.Parts.take``)."""
+        """``parts``: what each step's time went to (``measure.Parts.take``)."""
         self.task = task
         self._take_parts = parts or dict
         self.transport = transport

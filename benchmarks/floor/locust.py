@@ -1,84 +1,55 @@
 """Party B's steps/s under locust on small steps, before and after (issue 27's last target).
 
-    python -m benchmarks.floor_locust --baseline f352584 [--candidate REV] [--pairs 3]
+    python -m benchmarks.floor.locust --baseline f352584 [--candidate REV] [--pairs 3]
 
 Each version's ``fedlite-b serve`` (its own tree: ``git archive``, as ``benchmarks.floor``
 does) serves a 20,000-id label table on 127.0.0.1 with the product's defaults, and this
-checkout's load test (``python -m loadtests.run --host ...``, the ``credit-fedlite``
-scenario: B=256, d=32, q=8, L=16) drives it; steps/s is party B's own count of applied steps
-over the run minus its warm-up (``loadtests.run``). Versions alternate, ``--pairs`` runs of
-each. Writes ``benchmarks/results/floor-locust.json``.
+checkout's load test (``loadtests.run.run_locust``, the ``credit-fedlite`` scenario: B=256,
+d=32, q=8, L=16) drives it; steps/s is party B's own count of applied steps over the run
+minus its warm-up. Versions alternate, ``--pairs`` runs of each. Writes
+``benchmarks/results/floor-locust.json``.
 """
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import ROOT, write_result
-from benchmarks.floor import baseline_tree
-from loadtests.run import TOKEN
+from benchmarks.floor.trees import baseline_tree
+from loadtests.run import TOKEN, run_locust, step_figures
 from loadtests.scenarios import write_label_table
-from party_b.ops.launch import child_process, free_port, wait_until_healthy
+from party_b.ops.launch import local_party_b
 
 __all__ = ["main"]
 
 
 def one_run(tree: Path, labels: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Serve from ``tree``, load it with locust for ``--run-time``; the summary's figures."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [
-        sys.executable, "-m", "party_b.ops.cli", "serve", "--port", str(port),
-        "--data-dir", str(work / "party_b"), "--labels", str(labels),
-        "--tokens", f"loadtest:{TOKEN}", "--log-level", "warning",
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = work / "summary.json"
     load = [os.getloadavg()[0]]
-    with child_process(cmd, work / "party_b.log", env=env, cwd=tree) as proc:
-        wait_until_healthy(url, proc, log_path=work / "party_b.log", timeout=120)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "loadtests.run",
-                "--host",
-                url,
-                "--labels-csv",
-                str(labels),
-                "--scenarios",
-                args.scenario,
-                "--users",
-                str(args.users),
-                "--run-time",
-                f"{args.run_time:.0f}s",
-                "--warmup",
-                str(args.warmup),
-                "--max-fail-ratio",
-                "0",
-                "--max-p99-ms",
-                "1000000",
-                "--out",
-                str(out),
-            ],  # fmt: skip
-            cwd=ROOT,
-            check=False,
+    # ``tree``'s party B (PYTHONPATH and cwd), with the product's defaults: no malloc tuning
+    with local_party_b(
+        work / "party_b",
+        labels,
+        {"loadtest": TOKEN},
+        env={"PYTHONPATH": str(tree)},
+        cwd=tree,
+        timeout=120,
+    ) as url:
+        summary = run_locust(
+            [args.scenario],
+            url,
+            labels,
+            users=args.users,
+            run_time=args.run_time,
+            warmup=args.warmup,
         )
     load.append(os.getloadavg()[0])
-    summary: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
-    steps = summary.get("locust", {})
-    step: dict[str, Any] = next((v for k, v in steps.items() if "/steps" in k), {})
+    figures = step_figures(summary)
     return {
-        "steps_per_s": summary.get("server_steps_per_s"),
-        "p50_ms": step.get("p50_ms"),
-        "p99_ms": step.get("p99_ms"),
-        "failures": summary.get("locust", {}).get("Aggregated", {}).get("failures"),
+        **{k: figures[k] for k in ("steps_per_s", "p50_ms", "p99_ms", "failures")},
         "loadavg": load,
     }
 

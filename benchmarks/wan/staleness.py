@@ -9,7 +9,7 @@ end, so the pipeline never drains). Each run is the product's two parties end to
 * FEMNIST: a short run of ``--femnist-steps`` steps, 10 writers x 20 images, SGD 0.1,
   q=1152 L=2 lambda=2e-4 (the headline setting; the full runs are 1,000-2,000 steps).
 
-    python -m benchmarks.staleness [--depths 1,2,4] [--femnist-steps 100] [--seeds 1]
+    python -m benchmarks.wan.staleness [--depths 1,2,4] [--femnist-steps 100] [--seeds 1]
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """Failover: party B replicas behind HAProxy on one PostgreSQL, several runs training at once,
 and the replica serving a run SIGKILLed at random moments.
 
-    python -m benchmarks.failover [--replicas 3] [--runs 4] [--kills 12] [--steps 1500]
+    python -m benchmarks.scale.failover [--replicas 3] [--runs 4] [--kills 12] [--steps 1500]
 
 The stack is ``party_b.ops.stack`` (PostgreSQL, ``--replicas`` ``fedlite-b serve`` processes,
 HAProxy routing by run id; a killed replica is started again after a second, as a
