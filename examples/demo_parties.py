@@ -2,8 +2,10 @@
 
 1. The bundled breast-cancer data, split three ways: party B keeps the label and 10 columns;
    feature party "left" gets 10 columns, feature party "right" the other 10.
-2. Party B's operator starts ``fedlite-b serve``, creates the run naming both feature parties
-   (``fedlite-b parties create examples/parties/run.json``) and issues one token per party.
+2. Party B's operator starts ``fedlite-b serve`` (label privacy off: the data is public),
+   then creates the run naming both feature parties (``fedlite-b parties create
+   examples/parties/run.json``, which gives the run the policy serve recorded in party B's
+   database) and issues one token per party.
 3. Both feature parties run ``fedlite-a train --party ...`` at once, each with its own
    columns, token, bottom model, quantizer and state; party B fuses their activations, takes
    one step per batch and answers each with its own slice of the gradient. Then both ask for
@@ -14,26 +16,28 @@
 Everything goes to a fresh directory (default ./demo-parties-state, wiped first).
 """
 
-import argparse
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from demo import free_port, run, wait_healthy
+from demo import (
+    BIN,
+    DEMO_PRIVACY,
+    HERE,
+    IDS,
+    fedlite,
+    finish,
+    fresh_directory,
+    held_out,
+    party_b_serving,
+    party_b_setup,
+)
 
-BIN = Path(sys.executable).parent
-# Public demo data: label privacy off, so that the AUC printed is on the true labels. Party
-# B's default is label differential privacy (docs/PRIVACY.md).
-DEMO_PRIVACY = "off"
-HERE = Path(__file__).resolve().parent
 PARTIES = {"left": "0:10", "right": "10:20"}
-IDS = "s0000,s0001,s0019"
 
 
 def _traffic(name: str, summary: dict[str, Any]) -> str:
@@ -76,39 +80,29 @@ def _parties_at_once(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", type=Path, default=Path("demo-parties-state"))
-    args = parser.parse_args()
-    shutil.rmtree(args.dir, ignore_errors=True)
-    b_dir = args.dir / "party_b"
+    directory = fresh_directory(__doc__, "demo-parties-state")
+    b_dir = directory / "party_b"
     started = time.perf_counter()
 
-    labels = run(str(BIN / "fedlite-b"), "demo-data", "--out", str(b_dir / "labels.csv"))
+    labels, _coordinator = party_b_setup(b_dir, "coordinator")  # the token owning the run
     tables = {
-        name: run(str(BIN / "fedlite-a"), "demo-data", "--columns", columns,
-                  "--out", str(args.dir / name / "features.csv"))
+        name: fedlite("a", "demo-data", "--columns", columns,
+                      "--out", str(directory / name / "features.csv"))
         for name, columns in PARTIES.items()
     }  # fmt: skip
-    run(str(BIN / "fedlite-b"), "token", "issue", "--name", "coordinator", "--data-dir", str(b_dir))
-    created = json.loads(
-        run(str(BIN / "fedlite-b"), "parties", "create", str(HERE / "parties" / "run.json"),
-            "--owner", "coordinator", "--out", str(args.dir / "tokens"),
-            "--data-dir", str(b_dir), "--labels", labels)
-    )  # fmt: skip
-    print(f"party B: {labels}\nparty B's operator created run {created['run']} for "
-          f"{', '.join(PARTIES)} and issued one token each: {created['tokens']}")  # fmt: skip
+    print(f"party B data: {labels}")
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(b_dir / "party_b.log", "wb")  # noqa: SIM115 - the child writes to it
-    party_b = subprocess.Popen(
-        [str(BIN / "fedlite-b"), "serve", "--port", str(port), "--data-dir", str(b_dir),
-         "--labels", labels, "--log-level", "warning", "--privacy", DEMO_PRIVACY],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        wait_healthy(url, party_b)
-        print(f"party B is serving on {url}\n")
+    with party_b_serving(b_dir, labels) as party_b:
+        created = json.loads(
+            fedlite("b", "parties", "create", str(HERE / "parties" / "run.json"),
+                    "--owner", "coordinator", "--out", str(directory / "tokens"),
+                    "--data-dir", str(b_dir), "--labels", labels)
+        )  # fmt: skip
+        if created["privacy"] != DEMO_PRIVACY:  # else the AUC printed is not on the true labels
+            raise SystemExit(f"the run got label privacy {created['privacy']}, not {DEMO_PRIVACY}")
+        print(f"party B's operator created run {created['run']} for {', '.join(PARTIES)} "
+              f"(label privacy {created['privacy']}, as party B serves) and issued one token "
+              f"each: {created['tokens']}\n")  # fmt: skip
         env = {
             name: {
                 **os.environ,
@@ -117,39 +111,29 @@ def main() -> int:
             for name in PARTIES
         }
         session = {
-            name: ["--server", url, "--features", tables[name], "--party", name,
+            name: ["--server", party_b.url, "--features", tables[name], "--party", name,
                    "--config", str(HERE / "parties" / f"{name}.toml"),
-                   "--state-dir", str(args.dir / name / "state")]
+                   "--state-dir", str(directory / name / "state")]
             for name in PARTIES
         }  # fmt: skip
-        train = {n: [*s, "--summary-json", str(args.dir / f"{n}.json")] for n, s in session.items()}
-        _parties_at_once("train", train, env, args.dir)
+        train = {
+            n: [*s, "--summary-json", str(directory / f"{n}.json")] for n, s in session.items()
+        }
+        _parties_at_once("train", train, env, directory)
         predictions = _parties_at_once(
-            "predict", {n: [*s, "--ids", IDS] for n, s in session.items()}, env, args.dir
+            "predict", {n: [*s, "--ids", IDS] for n, s in session.items()}, env, directory
         )
-    finally:
-        party_b.send_signal(signal.SIGTERM)
-        code = party_b.wait(timeout=30)
-        log.close()
 
-    summaries = {name: json.loads((args.dir / f"{name}.json").read_text()) for name in PARTIES}
+    summaries = {name: json.loads((directory / f"{name}.json").read_text()) for name in PARTIES}
     metrics = summaries["left"]["eval_metrics"]
     assert all(s["eval_metrics"] == metrics for s in summaries.values())  # one evaluation
     print("\nserving after training (party B's scores, the same answer to both parties):")
     print(predictions["left"].strip())
-    print(
-        f"\nheld-out accuracy {metrics['eval_accuracy']:.4f}, AUC {metrics['eval_auc']:.4f} "
-        f"({metrics['eval_loss']:.4f} loss) after {summaries['left']['last_step']} steps"
-    )
+    print(f"\n{held_out(summaries['left'])}")
     print("traffic per party (HTTP message bodies):")
     for name, summary in summaries.items():
         print(_traffic(name, summary))
-    clean = code in (0, -signal.SIGTERM)
-    print(
-        f"party B {'shut down cleanly' if clean else f'exited with {code}'}; "
-        f"demo took {time.perf_counter() - started:.0f} s"
-    )
-    return 0 if clean else 1
+    return finish(party_b, started)
 
 
 if __name__ == "__main__":

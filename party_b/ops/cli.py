@@ -35,6 +35,7 @@ from party_b.ops import admin
 from party_b.ops.maintenance import MaintenanceError, create_private_database
 from party_b.settings import settings_from_flags
 from party_b.store import make_engine, make_session_factory
+from party_b.store.engine import one_at_a_time
 
 __all__ = ["build_parser", "main"]
 
@@ -72,6 +73,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     use_device(settings.device)  # before any run loads: StartupError naming the fix
     app = create_app(settings)
     _check_tokens(settings, log)
+    _record_served(settings)  # before the port opens: `parties create` then reads it
     # party B's blinded ids, built now (seconds per 10,000 ids) and not on party A's first PSI
     threading.Thread(
         target=app.state.service.alignment.warm_up, name="psi-set-up", daemon=True
@@ -126,6 +128,20 @@ def _check_tokens(settings: Any, log: logging.Logger) -> None:
         )
     mutual = "on" if settings.ssl_ca_certs else "off"
     log.info("%d active API token(s); mutual TLS %s", len(active), mutual)
+
+
+def _record_served(settings: Any) -> None:
+    """Record in the database the privacy policy this party B gives new runs, for the runs
+    ``fedlite-b parties create`` makes without ``--privacy`` (``party_b.store.served``)."""
+    engine = make_engine(settings.resolved_database_url())
+    try:
+        with one_at_a_time(engine), make_session_factory(engine)() as session:
+            store.record_served(
+                session, store.SERVED_PRIVACY, settings.privacy_policy().to_stored()
+            )
+            session.commit()
+    finally:
+        engine.dispose()
 
 
 def _cmd_health(args: argparse.Namespace) -> int:

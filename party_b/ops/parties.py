@@ -11,15 +11,23 @@ mode 600) with ``--out``. Issuing a party's token again revokes its earlier one.
 reads party B's label table (the flags and FEDLITE_B_* variables of ``serve``) to check the
 run as ``POST /v1/runs`` does; the run belongs to the token ``--owner``, which may read and
 delete it.
+
+The run's label privacy is ``--privacy`` (or ``FEDLITE_B_PRIVACY``) when given; otherwise
+the policy ``fedlite-b serve`` recorded in the database when it last started (what it gives
+the runs created over HTTP); otherwise party B's default (``protected``). ``create`` says
+which, and why, on stderr, and the policy in its JSON (``"privacy"``).
 """
 
 import argparse
 import json
 import os
+import sys
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy.orm import Session
 
 from api_schemas import RunCreate
 from party_b import store
@@ -27,14 +35,33 @@ from party_b.errors import ProblemError
 from party_b.ops.admin import existing_database
 from party_b.ops.maintenance import MaintenanceError
 from party_b.party_tokens import issue_party_token, revoke_party
-from party_b.settings import settings_from_flags
+from party_b.privacy.policy import DEFAULT_PRESET, PRESETS, PrivacyPolicy, parse_policy
+from party_b.settings import Settings, settings_from_flags
 from party_b.store import parties as party_store
 
-__all__ = ["add_parser", "create_party_run", "issue_tokens"]
+__all__ = [
+    "RunPrivacyChoice",
+    "add_parser",
+    "create_party_run",
+    "issue_tokens",
+    "new_run_privacy",
+    "spell_policy",
+]
 
 
-def create_party_run(settings_args: argparse.Namespace, spec: RunCreate, owner: str) -> str:
-    """The run, created by party B's service as ``POST /v1/runs`` would; its id."""
+@dataclass(frozen=True)
+class RunPrivacyChoice:
+    """The label-privacy policy a run created here gets, and why (one line for the operator)."""
+
+    policy: PrivacyPolicy
+    why: str
+
+
+def create_party_run(
+    settings_args: argparse.Namespace, spec: RunCreate, owner: str
+) -> tuple[str, RunPrivacyChoice]:
+    """The run, created by party B's service as ``POST /v1/runs`` would; its id, and the
+    privacy policy it got (see the module's docstring)."""
     from party_b.api.main import load_labels
     from party_b.metrics import Metrics
     from party_b.service import Caller, build_service
@@ -46,17 +73,72 @@ def create_party_run(settings_args: argparse.Namespace, spec: RunCreate, owner: 
         if row is None or row.revoked_at is not None:
             raise MaintenanceError(f"no active token named {owner!r} to own the run (--owner)")
         caller = Caller(token_id=row.id, name=row.name)
+        privacy = new_run_privacy(settings_args, settings, session)
     service = build_service(
         sessions=sessions,
         labels=load_labels(settings),
         limits=settings.limits,
         metrics=Metrics(),
-        privacy=settings.privacy_policy(),
+        privacy=privacy.policy,
     )
     try:
-        return service.runs.create(caller, spec).id
+        return service.runs.create(caller, spec).id, privacy
     except ProblemError as exc:
         raise MaintenanceError(f"party B refuses the run: {exc.detail}") from None
+
+
+def new_run_privacy(
+    args: argparse.Namespace, settings: Settings, session: Session
+) -> RunPrivacyChoice:
+    """``--privacy`` or FEDLITE_B_PRIVACY when given; else the policy ``fedlite-b serve``
+    recorded in this database; else party B's default."""
+    if getattr(args, "privacy", None) is not None:
+        return RunPrivacyChoice(settings.privacy_policy(), "--privacy")
+    if any(name.upper() == "FEDLITE_B_PRIVACY" for name in os.environ):
+        return RunPrivacyChoice(settings.privacy_policy(), "FEDLITE_B_PRIVACY")
+    served = store.served_setting(session, store.SERVED_PRIVACY)
+    if served is None:
+        return RunPrivacyChoice(
+            parse_policy(DEFAULT_PRESET),
+            "party B's default: no fedlite-b serve has recorded a policy in this database; "
+            "give --privacy to choose",
+        )
+    try:
+        policy = PrivacyPolicy(**served.value)
+    except (TypeError, ValueError) as exc:  # recorded by another version of party B
+        raise MaintenanceError(
+            f"the privacy policy fedlite-b serve recorded in this database is not one this "
+            f"version reads ({exc}); give --privacy"
+        ) from None
+    when = f"{served.recorded_at:%Y-%m-%d %H:%M:%S} UTC"
+    return RunPrivacyChoice(
+        policy, f"the policy fedlite-b serve recorded in this database when it started, {when}"
+    )
+
+
+def spell_policy(policy: PrivacyPolicy) -> str:
+    """The policy as ``--privacy`` spells it: the closest preset, then what differs from it
+    (``off``, ``off,predict_train_ids=true``); ``parse_policy`` reads it back."""
+    spellings = []
+    for preset, base in PRESETS.items():
+        changed = [
+            f"{f.name}={_spell_value(f.name, getattr(policy, f.name))}"
+            for f in fields(PrivacyPolicy)
+            if getattr(policy, f.name) != getattr(base, f.name)
+        ]
+        spellings.append((len(changed), ",".join([preset, *changed])))
+    return min(spellings, key=lambda spelling: spelling[0])[1]  # the first of equals
+
+
+def _spell_value(name: str, value: object) -> str:
+    if value is None:  # label_epsilon's "none", predict_train_ids' "unset"
+        return "unset" if name == "predict_train_ids" else "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)
+    return str(value)
 
 
 def issue_tokens(
@@ -81,10 +163,14 @@ def issue_tokens(
         return {party: issue_party_token(session, run_id, party) for party in parties or names}
 
 
-def _deliver(run_id: str, tokens: dict[str, str], out: Path | None) -> None:
-    """Print the tokens, or write each to a new private file."""
+def _deliver(
+    run_id: str, tokens: dict[str, str], out: Path | None, *, privacy: str | None = None
+) -> None:
+    """Print the tokens, or write each to a new private file (and print where); with the
+    run's privacy policy when it was just created."""
+    extra = {} if privacy is None else {"privacy": privacy}
     if out is None:
-        print(json.dumps({"run": run_id, "tokens": tokens}))
+        print(json.dumps({"run": run_id, "tokens": tokens, **extra}))
         return
     out.mkdir(mode=0o700, parents=True, exist_ok=True)
     files = {}
@@ -99,7 +185,7 @@ def _deliver(run_id: str, tokens: dict[str, str], out: Path | None) -> None:
         with os.fdopen(fd, "w") as handle:
             handle.write(token + "\n")
         files[party] = str(path)
-    print(json.dumps({"run": run_id, "tokens": files}))
+    print(json.dumps({"run": run_id, "tokens": files, **extra}))
 
 
 def _cmd_create(args: argparse.Namespace) -> int:
@@ -118,8 +204,10 @@ def _cmd_create(args: argparse.Namespace) -> int:
         raise MaintenanceError(
             f"{args.spec} names no parties; create such a run with POST /v1/runs"
         )
-    run_id = create_party_run(args, spec, args.owner)
-    _deliver(run_id, issue_tokens(args, run_id, None), args.out)
+    run_id, privacy = create_party_run(args, spec, args.owner)
+    spelled = spell_policy(privacy.policy)
+    print(f"privacy: {spelled} ({privacy.why})", file=sys.stderr)
+    _deliver(run_id, issue_tokens(args, run_id, None), args.out, privacy=spelled)
     return 0
 
 
@@ -162,7 +250,11 @@ def add_parser(sub: Any, add: Any, storage: Any, labels: Any) -> None:
     create.add_argument("--out", type=Path, help="write each token to DIR/<party>.token")
     storage(create)
     labels(create)
-    create.add_argument("--privacy", help="label privacy of the run (as serve's)")
+    create.add_argument(
+        "--privacy",
+        help="label privacy of the run, spelled as serve's (default: the policy fedlite-b "
+        "serve recorded in this database at its last start, else 'protected')",
+    )
     create.set_defaults(func=_cmd_create)
     tokens = add(parties_sub, "tokens", help="issue (again) the tokens of a run's parties")
     tokens.add_argument("--run", required=True, help="the run's id")

@@ -8,6 +8,7 @@
     tokens.py       API tokens by name or hash, active or all; revoked hashes
     leases.py       which replica holds a run, fenced by a token (claim, fence, release)
     parties.py      runs with several feature parties: party tokens, traffic per party
+    served.py       what ``fedlite-b serve`` last started with (the privacy of new runs)
 
 Everything is re-exported here: ``from party_b import store`` then ``store.owned_run(...)``.
 """
@@ -46,6 +47,7 @@ from party_b.store.queries import (
     runs_of,
     step_log,
 )
+from party_b.store.served import SERVED_PRIVACY, ServedSetting, record_served, served_setting
 from party_b.store.tables import (
     ApiToken,
     Base,
@@ -82,6 +84,8 @@ __all__ = [
     "Run",
     "RunLease",
     "RunPrivacy",
+    "SERVED_PRIVACY",
+    "ServedSetting",
     "StepLog",
     "active_tokens",
     "add_ledger_entry",
@@ -109,6 +113,7 @@ __all__ = [
     "owned_run",
     "privacy_budget",
     "psi_key",
+    "record_served",
     "release",
     "revoked_hash",
     "run_by_id",
@@ -118,6 +123,7 @@ __all__ = [
     "runs_in_status",
     "runs_of",
     "save_checkpoint",
+    "served_setting",
     "set_privacy_budget",
     "step_log",
     "token_by_hash",
