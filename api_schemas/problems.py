@@ -39,6 +39,7 @@ class ProblemType(StrEnum):
     TRAINING_DIVERGED = _PREFIX + "training-diverged"  # NaN/Inf loss; step not applied
     UNKNOWN_IDS = _PREFIX + "unknown-ids"  # prediction ids party B does not hold
     PARTIES_INCOMPLETE = _PREFIX + "parties-incomplete"  # other feature parties not there yet
+    CALL_OUT_OF_ORDER = _PREFIX + "call-out-of-order"  # another call first: expected_call
     IDEMPOTENCY_KEY_REUSED = _PREFIX + "idempotency-key-reused"  # same key, other body
     PRIVACY_BUDGET_EXCEEDED = _PREFIX + "privacy-budget-exceeded"  # token's label-DP budget
     PRIVACY_REFUSED = _PREFIX + "privacy-refused"  # the run's privacy policy forbids it
@@ -73,6 +74,7 @@ PROBLEMS: dict[ProblemType, ProblemKind] = {
     ProblemType.TRAINING_DIVERGED: ProblemKind(422, "Training diverged"),
     ProblemType.UNKNOWN_IDS: ProblemKind(422, "Unknown ids"),
     ProblemType.PARTIES_INCOMPLETE: ProblemKind(409, "Waiting for other parties"),
+    ProblemType.CALL_OUT_OF_ORDER: ProblemKind(409, "Another call first"),
     ProblemType.IDEMPOTENCY_KEY_REUSED: ProblemKind(422, "Idempotency key reused"),
     ProblemType.PRIVACY_BUDGET_EXCEEDED: ProblemKind(403, "Privacy budget exceeded"),
     ProblemType.PRIVACY_REFUSED: ProblemKind(403, "Refused by the run's privacy policy"),

@@ -322,6 +322,27 @@ class AlignmentInfo(BaseModel):
     eval: int
 
 
+class RunPrivacyOut(BaseModel):
+    """The label-privacy policy party B gave the run when it was created (docs/PRIVACY.md):
+    what every party's replies of this run may tell of party B's labels."""
+
+    policy: str = Field(
+        description="the policy as party B's switch spells it (`fedlite-b serve --privacy`), "
+        "e.g. `metrics=none,label_epsilon=0.4` (the default, `protected`)"
+    )
+    label_dp: bool = Field(
+        description="label differential privacy: the run trains and evaluates on randomized "
+        "labels (evaluations are on them too)"
+    )
+    epsilon: float | None = Field(
+        description="the run's label-DP epsilon; null when the policy gives no formal bound"
+    )
+    metrics: str = Field(description="what step replies carry: `all`, `loss` or `none`")
+    predict_train_ids: bool = Field(
+        description="whether predict scores ids of the run's training split (403 otherwise)"
+    )
+
+
 class RunOut(BaseModel):
     id: str
     name: str
@@ -338,6 +359,10 @@ class RunOut(BaseModel):
         default=None,
         description="SHA-256 of the top model's parameters at ``step`` (GET /v1/runs/{id} of "
         "an aligned run only): equal checksums mean bit-identical top models",
+    )
+    privacy: RunPrivacyOut | None = Field(
+        default=None,
+        description="the run's label-privacy policy (null from a party B older than it)",
     )
 
 

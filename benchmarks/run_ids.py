@@ -114,6 +114,7 @@ def in_process(table: Path, requests: int, seed: int) -> dict[str, Any]:
     from party_b.labels import load_label_table
     from party_b.metrics import Metrics
     from party_b.service import Caller, build_service
+    from party_b.service.meetings import now
     from party_b.settings import Limits
     from party_b.store import make_engine, make_session_factory
 
@@ -133,8 +134,8 @@ def in_process(table: Path, requests: int, seed: int) -> dict[str, Any]:
     for name in ("loaded", "unloaded"):
         spec = scenario.run_create(name, steps=100, seed=0)
         run = service.runs.create(owner, spec)
-        answer = service.alignment.align(
-            owner, run.id, hashed_ids(run.alignment_key, read_ids(table))
+        answer = now(
+            service.alignment.align(owner, run.id, hashed_ids(run.alignment_key, read_ids(table)))
         )
         made.append((run.id, StepSchedule(scenario, spec, answer.intersection)))
     (loaded, schedule), (unloaded, _) = made

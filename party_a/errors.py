@@ -17,6 +17,7 @@
           ├── CheckpointNotFound    409 checkpoint-not-found (checkpoints)
           ├── RunStateConflict      409 run-state
           ├── PartiesIncomplete     409 parties-incomplete (missing_parties, waiting_for)
+          ├── CallOutOfOrder        409 call-out-of-order (expected_call, finishing_parties)
           └── TrainingDiverged      422 training-diverged
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 
 __all__ = [
     "BatchMismatch",
+    "CallOutOfOrder",
     "CheckpointNotFound",
     "ConfigError",
     "FedliteError",
@@ -131,6 +133,15 @@ class PartiesIncomplete(ProblemResponse):
         return str(self.extra.get("waiting_for", ""))
 
 
+class CallOutOfOrder(ProblemResponse):
+    """Another call must come first (a run with several feature parties: the others are
+    finishing it, so this party finishes before it evaluates or predicts)."""
+
+    @property
+    def expected_call(self) -> str:
+        return str(self.extra.get("expected_call", ""))
+
+
 def _by_type() -> dict[str, type[ProblemResponse]]:
     # imported here: api_schemas loads pydantic, which `fedlite-a --help` does not need
     from api_schemas.problems import ProblemType
@@ -146,6 +157,7 @@ def _by_type() -> dict[str, type[ProblemResponse]]:
         ProblemType.RUN_STATE: RunStateConflict,
         ProblemType.TRAINING_DIVERGED: TrainingDiverged,
         ProblemType.PARTIES_INCOMPLETE: PartiesIncomplete,
+        ProblemType.CALL_OUT_OF_ORDER: CallOutOfOrder,
     }
 
 

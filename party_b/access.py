@@ -12,6 +12,10 @@ A token's *grant* (table ``token_grants``, ``party_b.store.tables.TokenGrant``) 
 * ``runs_of``: the token whose runs it acts on (a scoring partner's predict-only token sees
   the runs the training token made); by default its own.
 
+A *party token* (``party_b.party_tokens``: one feature party of one run with several,
+docs/PROTOCOL.md section 12.2) is identified here too, by the same rules: it acts as its
+run's owner, for that run and party only (``Caller.party``), on the party routes alone.
+
 Routes name the :class:`Action` they perform; :func:`authorize` checks it against the
 caller's scopes before the run is looked up, so a token outside its scope learns nothing
 about which runs exist (403 ``forbidden``, ``reason: "scope"``).
@@ -29,14 +33,16 @@ from sqlalchemy.orm import Session
 from api_schemas import ProblemType
 from party_b import auth
 from party_b.errors import ProblemError
-from party_b.service.runstate import Caller
+from party_b.party_tokens import PartyScope, authenticate_party
 from party_b.store.grants import grant_of, grant_with_subject
 from party_b.store.tables import ApiToken, TokenGrant
 
 __all__ = [
     "ALL_SCOPES",
+    "PARTY_ACTIONS",
     "SCOPES",
     "Action",
+    "Caller",
     "Identity",
     "authorize",
     "identify",
@@ -77,6 +83,32 @@ SCOPES: dict[str, frozenset[Action]] = {
     "read": frozenset({Action.READ}),
 }
 ALL_SCOPES = frozenset(SCOPES)
+
+# What a party token may do, on its own run and as its own party (no run to create or delete).
+PARTY_ACTIONS = frozenset(
+    {
+        Action.READ,
+        Action.PSI,
+        Action.ALIGN,
+        Action.STEP,
+        Action.FINISH,
+        Action.EVALUATE,
+        Action.PREDICT,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a request comes from (``identify``): ``token_id`` is the token whose runs it sees
+    and acts on, ``name`` the token's name (logs, the audit trail)."""
+
+    token_id: int
+    name: str
+    subject: str | None = None  # the client certificate's subject, with mutual TLS
+    scopes: tuple[str, ...] = ()  # the token's scope names, for messages
+    actions: frozenset[str] | None = None  # what it may do; None: anything
+    party: PartyScope | None = None  # a party token: the one run and party it acts for
 
 
 def parse_scopes(text: str) -> frozenset[str]:
@@ -140,7 +172,10 @@ def identify(session: Session, presented: Identity, *, now: datetime | None = No
     if presented.token:
         row = auth.authenticate(session, presented.token)
         if row is None:
-            raise _refused("token", "unknown or revoked token")
+            party = authenticate_party(session, presented.token)
+            if party is None:
+                raise _refused("token", "unknown or revoked token")
+            return _party_caller(party, presented.subject)
         grant = grant_of(session, row.id)
         if grant is not None and grant.subject is not None:
             _check_subject(row, grant, presented.subject)
@@ -174,6 +209,19 @@ def identify(session: Session, presented: Identity, *, now: datetime | None = No
         subject=presented.subject,
         scopes=tuple(sorted(scopes)),
         actions=actions,
+    )
+
+
+def _party_caller(found: tuple[PartyScope, int], subject: str | None) -> Caller:
+    """A party token acts as its run's owner (``owner_id``), for its run and party only."""
+    scope, owner_id = found
+    return Caller(
+        token_id=owner_id,
+        name=f"{scope.party}@{scope.run_id}",
+        subject=subject,
+        scopes=("party",),
+        actions=PARTY_ACTIONS,
+        party=scope,
     )
 
 

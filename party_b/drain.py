@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 
 import anyio
 import uvicorn
-from sqlalchemy import delete
 
 from api_schemas import RunStatus
 from party_b import store
@@ -112,17 +111,18 @@ class DrainingServer(uvicorn.Server):
 
 
 def checkpoint_live_runs(service: "Service") -> list[tuple[str, int]]:
-    """Checkpoint every training run in memory at its last applied step (step 3 above);
+    """Checkpoint every training run in memory at its last applied step (step 2 above);
     returns [(run id, step)] of the checkpoints written.
 
     A run whose newest checkpoint is already at that step is left alone. The checkpoint
-    prunes nothing that party A may still roll back to: the run's periodic checkpoints stay
-    as they are, and only an older off-schedule checkpoint (an earlier stop's) is replaced.
-    Runs the event loop does not touch: call it in a thread.
+    prunes nothing that party A may still roll back to: the run's interval checkpoints stay,
+    and only an older off-schedule checkpoint (an earlier stop's) is replaced
+    (``Ownership.checkpoint``). Runs the event loop does not touch: call it in a thread.
     """
+    ctx = service.context
     written = []
-    for state in service.context.cache.live():
-        with state.lock, service.context.sessions() as session:  # no step of the run meanwhile
+    for state in ctx.cache.live():
+        with state.lock, ctx.sessions() as session:  # no step of the run meanwhile
             run = session.get(store.Run, state.run_id)
             if state.finished or run is None or run.status != RunStatus.TRAINING.value:
                 continue  # finished (checkpointed then) or deleted meanwhile
@@ -130,28 +130,9 @@ def checkpoint_live_runs(service: "Service") -> list[tuple[str, int]]:
             if kept and kept[-1] >= state.step:
                 continue
             try:
-                service.context.ownership.fence(session, state)
+                ctx.ownership.checkpoint(session, state)
             except ProblemError:
                 continue  # another replica took the run over: nothing of this copy to save
-            model_state, optimizer_state = state.trainer.state()
-            store.save_checkpoint(
-                session,
-                run_id=state.run_id,
-                step=state.step,
-                model_state=model_state,
-                optimizer_state=optimizer_state,
-                request_sha256=state.last_request_sha,
-                response=state.last_response,
-                keep=len(kept) + 1,  # prune nothing here
-            )
-            interval = state.config.checkpoint_interval
-            stale = [s for s in kept if s % interval != 0]  # an earlier stop's, superseded
-            if stale:
-                session.execute(
-                    delete(store.Checkpoint).where(
-                        store.Checkpoint.run_id == state.run_id, store.Checkpoint.step.in_(stale)
-                    )
-                )
             session.commit()
             written.append((state.run_id, state.step))
             log.warning("run %s checkpointed at step %d on the way down", state.run_id, state.step)

@@ -34,7 +34,7 @@ class Metrics:
         self.steps = Counter(
             "fedlite_b_steps",
             "training steps by outcome (applied, replayed, rejected; held: waited for the step "
-            "before it, and counted again by how it ended)",
+            "before it or for the other feature parties, and counted again by how it ended)",
             ["outcome"],
             registry=self.registry,
         )

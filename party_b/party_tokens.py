@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from party_b.store import parties as party_store
+from party_b.store.tables import Run
 
 __all__ = ["PartyScope", "authenticate_party", "issue_party_token", "revoke_party"]
 
@@ -48,10 +49,14 @@ def revoke_party(session: Session, run_id: str, party: str) -> bool:
     return revoked
 
 
-def authenticate_party(session: Session, token: str) -> PartyScope | None:
-    """The scope of an active party token, or None (not one, or revoked)."""
+def authenticate_party(session: Session, token: str) -> tuple[PartyScope, int] | None:
+    """The scope of an active party token and the id of its run's owner (as whom party B's
+    rooms know the run), or None (not one, or revoked)."""
     digest = _hash(token)
     row = party_store.party_token_by_hash(session, digest)
     if row is None or not hmac.compare_digest(row.token_sha256, digest):
         return None
-    return PartyScope(row.run_id, row.party) if row.revoked_at is None else None
+    run = session.get(Run, row.run_id)  # (a deleted run takes its tokens with it)
+    if row.revoked_at is not None or run is None:
+        return None
+    return PartyScope(row.run_id, row.party), run.owner_id

@@ -37,7 +37,14 @@ from shared.wire.activations import (
 )
 from shared.wire.arrays import RangeError, float_bin
 from shared.wire.downlink import DownlinkSpec, decode_gradient, encode_gradient, gradient_keys
-from shared.wire.envelope import WIRE_VERSION, MessageType, open_message, pack, peek_step
+from shared.wire.envelope import (
+    WIRE_VERSION,
+    MessageType,
+    canonical_digest,
+    open_message,
+    pack,
+    peek_step,
+)
 from shared.wire.messages import (
     EvaluateRequest,
     EvaluateResponse,
@@ -68,6 +75,7 @@ __all__ = [
     "StepRequest",
     "StepResponse",
     "WireFloat",
+    "canonical_digest",
     "chunk_rows",
     "decode_evaluate_request",
     "decode_evaluate_response",

@@ -64,6 +64,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(_FOLDER_MARKERS[folder])
 
 
+@pytest.fixture(autouse=True)
+def pinned_privacy_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run a party B in this process creates gets its privacy secret from a fixed
+    sequence (SHA-256 of a per-test counter) instead of the operating system's random
+    bytes: under label DP, party B's default, a run's randomized labels come from its
+    secret, and no test's verdict may depend on which labels a random secret flipped.
+    Runs still get secrets of their own (the sequence never repeats within a test)."""
+    import hashlib
+    import itertools
+
+    from party_b.privacy import secret
+
+    counter = itertools.count()
+    monkeypatch.setattr(
+        secret, "new_secret", lambda: hashlib.sha256(f"run {next(counter)}".encode()).digest()
+    )
+
+
 # ---------------------------------------------------------------------------- party B fixtures
 # The small synthetic world of tests/utils/small_runs.py: 64 labelled ids, one token (TOKEN).
 

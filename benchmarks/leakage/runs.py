@@ -137,7 +137,7 @@ class RecordingTransport(InProcessTransport):
         positions = state.positions_of(split)
         rows = state.label_rows[positions]
         z = activations.dequantize(
-            state, request.chunks, expected_rows=len(positions), allow_raw=True
+            state.plan, 0, request.chunks, rows=len(positions), allow_raw=True
         )
         side = self.service.context.labels.side(rows) if state.trainer.model.side_features else None
         with state.lock:

@@ -27,6 +27,7 @@ from loadtests.run import run_locust, serve_party_b, step_figures
 from loadtests.scenarios import SCENARIOS, StepSchedule, hashed_ids, read_ids, write_label_table
 from party_b.inprocess import in_process_party_b
 from party_b.labels import load_label_table
+from party_b.service.meetings import now
 from shared import codec
 
 
@@ -43,7 +44,8 @@ def in_process(scenario_name: str, users: int, warmup: float, window: float) -> 
         for i in range(users):
             spec = scenario.run_create(f"inproc-{i}", steps=1_000_000, seed=0)
             run = service.runs.create(caller, spec)
-            answer = service.alignment.align(caller, run.id, hashed_ids(run.alignment_key, ids))
+            hashed = hashed_ids(run.alignment_key, ids)
+            answer = now(service.alignment.align(caller, run.id, hashed))
             schedules.append((run.id, StepSchedule(scenario, spec, answer.intersection)))
         counts = [0] * users
         latencies: list[list[float]] = [[] for _ in range(users)]

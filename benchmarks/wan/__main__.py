@@ -172,7 +172,7 @@ def _task_runs(
 ) -> list[dict[str, Any]]:
     from experiments.runner import EXPERIMENT_LIMITS
     from experiments.tasks import TASK_ENV
-    from party_b.service.turns import HOLD_SECONDS
+    from party_b.service import HOLD_SECONDS
 
     env = {
         **os.environ,

@@ -10,18 +10,21 @@ the step loop, recovery and inference are the same code:
   run party B holds (its steps, batches and seed; its own width and quantizer);
 * every request may have to wait for the other parties: party B answers 409
   ``parties-incomplete`` after its bounded wait, and the same request is sent again (the
-  same bytes), for as long as ``retry_for`` allows.
+  same bytes), for as long as ``retry_for`` allows; an evaluation or prediction while the
+  other parties finish the run is answered 409 ``call-out-of-order`` (PROTOCOL.md 12.7):
+  this party finishes too, and sends it again.
 """
 
 import logging
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 from api_schemas import AlignmentIn, AlignmentOut, PsiInfo, ResumeIn, RunCreate, RunOut
-from party_a.errors import ConfigError, PartiesIncomplete, TransportError
+from party_a.errors import CallOutOfOrder, ConfigError, PartiesIncomplete, TransportError
 from party_a.transport.http import HttpTransport
 
 __all__ = ["PartyTransport", "check_agrees"]
@@ -106,10 +109,26 @@ class PartyTransport(HttpTransport):
         return self._msgpack(self._path(run_id, "/steps"), body)
 
     def evaluate(self, run_id: str, body: bytes, split: str = "eval") -> bytes:
-        return self._msgpack(self._path(run_id, "/evaluate"), body, params={"split": split})
+        path = self._path(run_id, "/evaluate")
+        return self._finished_first(
+            run_id, lambda: self._msgpack(path, body, params={"split": split})
+        )
 
     def predict(self, run_id: str, body: bytes) -> bytes:
-        return self._msgpack(self._path(run_id, "/predict"), body)
+        return self._finished_first(
+            run_id, lambda: self._msgpack(self._path(run_id, "/predict"), body)
+        )
+
+    def _finished_first(self, run_id: str, call: Callable[[], bytes]) -> bytes:
+        """``call()``; if the other parties are finishing the run, finish first, then again."""
+        try:
+            return call()
+        except CallOutOfOrder as exc:
+            if exc.expected_call != "finish":
+                raise
+            log.info("the other parties are finishing the run: finishing first (%s)", exc.detail)
+            self.finish(run_id)
+            return call()
 
     # ------------------------------------------------------------------ waiting
 

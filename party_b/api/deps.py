@@ -10,13 +10,22 @@ from fastapi import Depends, Request, Response, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
+from api_schemas import ProblemType
 from party_b import audit
 from party_b.access import Action, Identity, authorize, identify
 from party_b.api.contract import MSGPACK
 from party_b.errors import ProblemError
 from party_b.service import Caller, Service
 
-__all__ = ["CallerDep", "ServiceDep", "allowed", "client_subject", "in_thread", "msgpack"]
+__all__ = [
+    "AdmittedDep",
+    "CallerDep",
+    "ServiceDep",
+    "allowed",
+    "client_subject",
+    "in_thread",
+    "msgpack",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -70,7 +79,8 @@ def client_subject(request: Request) -> str | None:
 
 
 class _Allowed:
-    """The dependency of a route doing ``action``: the caller, if its scopes allow it."""
+    """The dependency of a route doing ``action``: the caller, if it may: any token but a
+    party token, which is unknown outside its party's routes (401)."""
 
     def __init__(self, action: Action) -> None:
         self.action = action
@@ -78,6 +88,17 @@ class _Allowed:
     async def __call__(
         self, request: Request, caller: Annotated[Caller, Depends(_caller)]
     ) -> Caller:
+        if caller.party is not None:
+            raise ProblemError(
+                ProblemType.UNAUTHORIZED,
+                "unknown or revoked token (a party token acts on its party's routes only, "
+                "/v1/runs/{id}/parties/{party}/...)",
+                reason="token",
+            )
+        return await self.admit(request, caller)
+
+    async def admit(self, request: Request, caller: Caller) -> Caller:
+        """The caller, within its scope (403, audited), for the route's endpoint."""
         # async: the scope check is arithmetic on the caller, no reason for a thread hop
         try:
             authorize(caller, self.action)
@@ -87,13 +108,39 @@ class _Allowed:
             record = partial(audit.record, request.app.state.sessions, caller, self.action, run_id)
             await anyio.to_thread.run_sync(partial(record, outcome="refused"))
             raise
+        request.state.caller = caller
         return caller
 
 
-def allowed(action: Action) -> Any:
+class _PartyAllowed(_Allowed):
+    """On the routes of a run's feature party (``/v1/runs/{run_id}/parties/{party}/...``):
+    that party's token only (401 for any other token; 404 for another run's or party's
+    path, as for a run that does not exist)."""
+
+    async def __call__(  # type: ignore[override]
+        self, request: Request, run_id: str, party: str, caller: Annotated[Caller, Depends(_caller)]
+    ) -> Caller:
+        if caller.party is None:
+            raise ProblemError(
+                ProblemType.UNAUTHORIZED,
+                "unknown or revoked token (these routes take a party token)",
+                reason="token",
+            )
+        if (caller.party.run_id, caller.party.party) != (run_id, party):
+            raise ProblemError.not_found(f"no party {party!r} of run {run_id!r} for this token")
+        return await self.admit(request, caller)
+
+
+def allowed(action: Action, *, party: bool = False) -> Any:
     """``who: Annotated[Caller, allowed(Action.PREDICT)]``: authenticated (401) and within
-    its scope (403), before the body or the run is looked at."""
-    return Depends(_Allowed(action))
+    its scope (403), before the body or the run is looked at; ``party``: on a feature
+    party's routes."""
+    return Depends(_PartyAllowed(action) if party else _Allowed(action))
+
+
+def _current(request: Request) -> Caller:
+    caller: Caller = request.state.caller
+    return caller
 
 
 def _service(request: Request) -> Service:
@@ -103,6 +150,8 @@ def _service(request: Request) -> Service:
 
 CallerDep = Annotated[Caller, Depends(_caller)]
 ServiceDep = Annotated[Service, Depends(_service)]
+# the caller a route's ``allowed`` dependency admitted (routes with two doors: ``doors``)
+AdmittedDep = Annotated[Caller, Depends(_current)]
 
 
 async def in_thread(request: Request, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 
 from party_b.privacy.policy import PrivacyPolicy
 
-__all__ = ["OFF", "RunPrivacy"]
+__all__ = ["OFF", "RunPrivacy", "new_secret"]
+
+
+def new_secret() -> bytes:
+    """A new run's secret: 32 random bytes from the operating system. (Looked up at each
+    call, so that a test can draw them from a fixed sequence instead: a verdict must not
+    depend on which labels a random secret happened to flip.)"""
+    return secrets.token_bytes(32)
 
 
 @dataclass(frozen=True)
@@ -22,7 +29,7 @@ class RunPrivacy:
 
     @classmethod
     def new(cls, policy: PrivacyPolicy) -> "RunPrivacy":
-        return cls(policy, secrets.token_bytes(32))
+        return cls(policy, new_secret())
 
     def seed(self, step: int, purpose: str) -> int:
         """A 63-bit seed for one use at one step, from the secret (SHA-256, stable)."""

@@ -10,26 +10,25 @@ training row's activations under another id; the side features party B joins to 
 then the other row's. docs/PRIVACY.md, section 4, says what that leaves open.
 """
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from api_schemas import ProblemType
 from party_b.errors import ProblemError
-
-if TYPE_CHECKING:
-    from party_b.service.runstate import RunState
+from party_b.privacy.policy import PrivacyPolicy
 
 __all__ = ["refuse_training_ids"]
 
 
-def refuse_training_ids(state: "RunState", hashed_hex: Sequence[str]) -> None:
-    """Raise ``privacy-refused`` (403) if the run's policy does not answer for training ids
-    and ``hashed_hex`` (the request's aligned keys, hex) holds any."""
-    if state.privacy.policy.answers_training_ids:
+def refuse_training_ids(
+    policy: PrivacyPolicy, training_keys: Callable[[], frozenset[str]], hashed_hex: Sequence[str]
+) -> None:
+    """Raise ``privacy-refused`` (403) if the run's ``policy`` does not answer for training
+    ids and ``hashed_hex`` (the request's aligned keys, hex) holds any of ``training_keys()``
+    (the run's training split, hex; asked only when the policy refuses them)."""
+    if policy.answers_training_ids:
         return
-    if state.train_keys is None:  # built once per run in memory; a race only builds it twice
-        state.train_keys = frozenset(state.aligned[p].hex() for p in state.train_pos)
-    training = sum(1 for h in hashed_hex if h.lower() in state.train_keys)
+    keys = training_keys()
+    training = sum(1 for h in hashed_hex if h.lower() in keys)
     if training:
         raise ProblemError(
             ProblemType.PRIVACY_REFUSED,

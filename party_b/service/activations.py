@@ -11,21 +11,13 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-from api_schemas import RunCreate
 from party_b.errors import ProblemError
-from party_b.service.runstate import RunState
+from party_b.service.fusion import PartyPlan
 from party_b.settings import Limits
 from shared import codec
-from shared.pq import GroupedProductQuantizer, PQConfig
+from shared.pq import GroupedProductQuantizer
 
-__all__ = [
-    "decode",
-    "decode_limits",
-    "dequantize",
-    "dequantize_rows",
-    "dequantizer",
-    "is_quantized",
-]
+__all__ = ["decode", "decode_limits", "dequantize", "is_quantized"]
 
 M = TypeVar("M")
 
@@ -48,53 +40,28 @@ def decode(decoder: Callable[..., M], body: bytes, limits: codec.DecodeLimits) -
         raise ProblemError.malformed(str(exc)) from None
 
 
-def dequantizer(spec: RunCreate) -> GroupedProductQuantizer | None:
-    """The run's quantizer (for decoding codes), or None for a raw (SplitFed) run."""
-    q = spec.quantizer
-    if q is None or q.mode == "raw":  # None: a run with parties, each with its own
-        return None
-    assert q.q is not None and q.L is not None
-    return GroupedProductQuantizer(spec.width, PQConfig(q=q.q, L=q.L, R=q.R))
-
-
 def is_quantized(chunks: Sequence[codec.Activations]) -> bool:
     return not any(isinstance(c, codec.RawActivations) for c in chunks)
 
 
 def dequantize(
-    state: RunState,
+    plan: PartyPlan,
+    index: int,
     chunks: Sequence[codec.Activations],
     *,
-    expected_rows: int,
+    rows: int,
     allow_raw: bool = False,
 ) -> Tensor:
-    """Concatenate the chunks' z~ into (rows, d), checking they fit the run's config.
+    """Party ``index``'s chunks as its z~ (rows, d_p), checked against its width and its
+    quantizer (None: a raw party) in the run's ``plan``.
 
-    ``allow_raw``: a FedLite run also takes raw activations (evaluate and predict: the
+    ``allow_raw``: a FedLite party also sends raw activations (evaluate and predict: the
     model without compression; training steps must be quantized as configured)."""
-    return dequantize_rows(
-        state.config.width,
-        state.dequantizer,
-        chunks,
-        expected_rows=expected_rows,
-        allow_raw=allow_raw,
-    )
-
-
-def dequantize_rows(
-    width: int,
-    quantizer: GroupedProductQuantizer | None,
-    chunks: Sequence[codec.Activations],
-    *,
-    expected_rows: int,
-    allow_raw: bool = False,
-    who: str = "the run",
-) -> Tensor:
-    """``dequantize`` for activations of ``width`` columns quantized with ``quantizer``
-    (None: raw), e.g. one feature party's; ``who`` names them in a refusal."""
-    rows = sum(c.B for c in chunks)
-    if rows != expected_rows:
-        raise ProblemError.shape(f"{rows} activation rows, expected {expected_rows}")
+    width, quantizer = plan.widths[index], plan.dequantizers[index]
+    who = "the run" if len(plan.names) == 1 else f"party {plan.names[index]!r}"
+    sent = sum(c.B for c in chunks)
+    if sent != rows:
+        raise ProblemError.shape(f"{sent} activation rows, expected {rows}")
     if chunks[0].d != width:
         raise ProblemError.shape(f"activations have d={chunks[0].d}, {who} has {width}")
     parts = [_dequantize_chunk(quantizer, chunk, allow_raw, who) for chunk in chunks]

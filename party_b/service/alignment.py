@@ -17,10 +17,12 @@ they share: the order (and with it every batch) then depends only on the data an
 not on the random per-run key, so two runs with the same seed train identically.
 """
 
+import hashlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Protocol
 
 from sqlalchemy.orm import Session
@@ -29,8 +31,9 @@ from api_schemas import AlignmentOut, PsiInfo, RunCreate, RunStatus
 from party_b import audit, store
 from party_b.errors import ProblemError
 from party_b.service.context import ServiceContext
-from party_b.service.fusion import one_party_route
-from party_b.service.runstate import Caller, owned_row
+from party_b.service.fusion import PartyPlan
+from party_b.service.meetings import Agenda, Ticket, at_once
+from party_b.service.runstate import Caller, owned_row, party_of
 from party_b.service.views import alignment_out
 from shared import codec
 from shared.alignkeys import (
@@ -134,13 +137,14 @@ class Alignment:
             warm()
 
     def psi_info(self, caller: Caller) -> PsiInfo:
-        """What party A needs before a PSI: party B's dataset version (to look up its cache)."""
+        """What party A needs before a PSI: party B's dataset version (to look up its cache).
+        A feature party of a run with several aligns through its JSON route only."""
         return PsiInfo(
             dataset_version=self._aligner.dataset_version(),
             protocol=PSI_PROTOCOL,
             size=len(self._ctx.labels.ids),
             max_ids=self._ctx.limits.max_aligned_ids,
-            alignment_formats=["json", "keys"],
+            alignment_formats=["json"] if caller.party is not None else ["json", "keys"],
         )
 
     def psi(self, caller: Caller, body: bytes) -> bytes:
@@ -162,35 +166,27 @@ class Alignment:
         self._ctx.metrics.bytes_sent.labels("psi").inc(len(data))
         return data
 
-    def align(self, caller: Caller, run_id: str, hashed_hex: Sequence[str]) -> AlignmentOut:
-        """Align the run on the ids party A sends and start it (idempotent).
-
-        Party A sends HMAC(run key, id) of the ids in its private set intersection with party B
-        (``psi``), none other; party B keeps the ones it holds.
-        """
-        if len(hashed_hex) > self._ctx.limits.max_aligned_ids:
-            raise ProblemError.limit(
-                f"{len(hashed_hex)} ids, over the limit {self._ctx.limits.max_aligned_ids}"
-            )
-        offered = [bytes.fromhex(h) for h in hashed_hex]
-        run, aligned = self._align(
-            caller, run_id, lambda own: self._aligner.intersect(own, offered)
-        )
-        return alignment_out(run, aligned)
+    def align(
+        self, caller: Caller, run_id: str, hashed_hex: Sequence[str]
+    ) -> AlignmentOut | Ticket:
+        """A party's aligned keys: HMAC(run key, id) of the ids in its private set
+        intersection with party B (``psi``), none other. The run is aligned on the keys every
+        party sent that party B holds with a label (at once for a run with one feature
+        party, else once every party's keys are in) and started; idempotent."""
+        self._within_limit(len(hashed_hex))
+        offered = {bytes.fromhex(h) for h in hashed_hex}
+        return self._offer(caller, run_id, lambda own: own & offered)
 
     def align_keys(self, caller: Caller, run_id: str, body: bytes) -> bytes:
-        """``align`` in binary (shared.alignkeys): key prefixes in, a bitmap of the kept ones
-        out; the encoded ``AlignReply``."""
+        """``align`` in binary (shared.alignkeys), for a run with one feature party: key
+        prefixes in, a bitmap of the kept ones out; the encoded ``AlignReply``."""
         with self._ctx.sessions() as session:
             owned_row(session, caller, run_id)  # 404 before the body is read
         try:
             request = decode_align_request(body, limits=self._ctx.decode_limits)
         except codec.CodecError as exc:
             raise ProblemError.malformed(str(exc)) from None
-        if request.n > self._ctx.limits.max_aligned_ids:
-            raise ProblemError.limit(
-                f"{request.n} ids, over the limit {self._ctx.limits.max_aligned_ids}"
-            )
+        self._within_limit(request.n)
         matched: list[bytes | None] = []
 
         def common(own: set[bytes]) -> set[bytes]:
@@ -198,43 +194,80 @@ class Alignment:
                 matched.extend(match_prefixes(list(own), request))
             except AmbiguousPrefix as exc:
                 raise ProblemError.invalid(str(exc)) from None
-            return self._aligner.intersect(own, [m for m in matched if m is not None])
+            return own.intersection(m for m in matched if m is not None)
 
-        run, aligned = self._align(caller, run_id, common)
+        out = self._offer(caller, run_id, common)
+        assert isinstance(out, AlignmentOut), "one party: aligned at once"
+        aligned = {bytes.fromhex(h) for h in out.intersection}
         reply = AlignReply(
-            n=request.n,
-            kept=kept_bitmap(matched, set(aligned)),
-            train=run.train_size or 0,
-            eval=run.eval_size or 0,
+            n=request.n, kept=kept_bitmap(matched, aligned), train=out.train, eval=out.eval
         )
         data = encode_align_reply(reply)
         self._ctx.metrics.bytes_received.labels("alignment").inc(len(body))
         self._ctx.metrics.bytes_sent.labels("alignment").inc(len(data))
         return data
 
-    def _align(
-        self, caller: Caller, run_id: str, common: Callable[[set[bytes]], set[bytes]]
-    ) -> tuple[store.Run, list[bytes]]:
-        """The run aligned on ``common(party B's trainable keys)`` (started, or as it was when
-        a retry brings the same keys), and its aligned list."""
+    def _within_limit(self, ids: int) -> None:
+        if ids > self._ctx.limits.max_aligned_ids:
+            raise ProblemError.limit(
+                f"{ids} ids, over the limit {self._ctx.limits.max_aligned_ids}"
+            )
+
+    def _offer(
+        self, caller: Caller, run_id: str, keep: Callable[[set[bytes]], set[bytes]]
+    ) -> AlignmentOut | Ticket:
+        """The caller's part of the run's alignment: ``keep(party B's trainable keys)``. A run
+        aligned already answers a party whose keys are the ones it aligned with (a retry):
+        with one party exactly, with several a superset of the common ones."""
         with self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
-            one_party_route(RunCreate.from_stored(run.config), "posts its aligned keys")
-            own = hmac_ids(bytes.fromhex(run.alignment_key), self._ctx.labels.ids)
-            labeled = self._ctx.labels.labeled
-            # rows without a label are served, never trained or evaluated on
-            trainable = own
-            if labeled is not None:
-                trainable = [k for k, ok in zip(own, labeled, strict=True) if ok]
-            aligned = order_by_raw_id(self._ctx.labels.ids, own, common(set(trainable)))
+            plan = PartyPlan.of(RunCreate.from_stored(run.config))
+            index = party_of(plan, run_id, caller)
+            mine = frozenset(keep(self._trainable(run)))
             if run.status != RunStatus.CREATED.value:
-                if run.aligned_ids == b"".join(aligned):
-                    return run, aligned  # a retried call: same answer
+                aligned = _aligned_keys(run)
+                retry = set(aligned) == mine if len(plan.names) == 1 else set(aligned) <= mine
+                if retry:
+                    return alignment_out(run, aligned)
                 raise ProblemError.run_state("run is already aligned with a different id set")
-            self.start(session, run, aligned)
-            session.commit()
-        audit.record(self._ctx.sessions, caller, "align", run_id, ids=len(aligned))
-        return run, aligned
+        agenda = Agenda(
+            "the alignment",
+            plan.names,
+            partial(self._align, caller, run_id),
+            wait=self._ctx.wait_of(plan),
+        )
+        digest = hashlib.sha256(b"".join(sorted(mine))).digest()
+        return at_once(
+            Ticket(("align",), plan.names[index], (caller, mine), digest, agenda), AlignmentOut
+        )
+
+    def _trainable(self, run: store.Run) -> set[bytes]:
+        """Aligned keys of the ids party B holds with a label (rows without one are only
+        ever served, never trained or evaluated on)."""
+        own = hmac_ids(bytes.fromhex(run.alignment_key), self._ctx.labels.ids)
+        labeled = self._ctx.labels.labeled
+        if labeled is None:
+            return set(own)
+        return {k for k, ok in zip(own, labeled, strict=True) if ok}
+
+    def _align(
+        self, caller: Caller, run_id: str, parts: dict[str, tuple[Caller, frozenset[bytes]]]
+    ) -> dict[str, AlignmentOut]:
+        """The run aligned on the keys every party holds, ordered by party B's raw ids, and
+        started; every party's answer (and its audit row)."""
+        with self._ctx.sessions() as session:
+            run = owned_row(session, caller, run_id)
+            if run.status == RunStatus.CREATED.value:
+                common = frozenset.intersection(*(keys for _c, keys in parts.values()))
+                own = hmac_ids(bytes.fromhex(run.alignment_key), self._ctx.labels.ids)
+                self.start(session, run, order_by_raw_id(self._ctx.labels.ids, own, set(common)))
+                session.commit()
+            out = alignment_out(run, _aligned_keys(run))
+        for party_caller, _keys in parts.values():
+            audit.record(
+                self._ctx.sessions, party_caller, "align", run_id, ids=len(out.intersection)
+            )
+        return dict.fromkeys(parts, out)
 
     def start(self, session: Session, run: store.Run, aligned: list[bytes]) -> None:
         """Split the aligned ids, store them and the initial model: the run is training."""
@@ -275,3 +308,8 @@ class Alignment:
         with self._ctx.sessions() as session:
             row = store.psi_key(session, ids_sha256=ids_sha256, new_key=new_server_key)
             return row.dataset_version, row.private_key
+
+
+def _aligned_keys(run: store.Run) -> list[bytes]:
+    blob = run.aligned_ids or b""
+    return [blob[i : i + 32] for i in range(0, len(blob), 32)]

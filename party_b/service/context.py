@@ -12,6 +12,7 @@ from party_b.metrics import Metrics
 from party_b.privacy import PrivacyPolicy
 from party_b.service.admission import Admission
 from party_b.service.cache import RunCache
+from party_b.service.fusion import PartyPlan
 from party_b.service.ownership import Ownership
 from party_b.settings import Limits
 from shared import codec
@@ -31,3 +32,10 @@ class ServiceContext:
     decode_limits: codec.DecodeLimits  # bounds of every msgpack body, from ``limits``
     ownership: Ownership  # run leases: claimed on load, checked at every commit
     checkpoints_kept: int = 3  # per run, besides step 0
+    step_hold: float = 5.0  # the longest wait of a step for its predecessor (one party)
+    party_wait: float = 20.0  # the longest wait of a request for the other feature parties'
+
+    def wait_of(self, plan: PartyPlan) -> float:
+        """The longest wait in seconds of one request of a run with ``plan``'s parties (only
+        a step ahead of its predecessor waits in a run with one)."""
+        return self.step_hold if len(plan.names) == 1 else self.party_wait

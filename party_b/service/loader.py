@@ -13,8 +13,8 @@ from party_b.errors import ProblemError
 from party_b.labels import LabelSource
 from party_b.privacy import PrivacyPolicy
 from party_b.privacy.run import RunPrivacy
-from party_b.service.activations import dequantizer
 from party_b.service.admission import Admission
+from party_b.service.fusion import PartyPlan
 from party_b.service.ownership import Ownership
 from party_b.service.runstate import Caller, RunState, owned_row
 from party_b.top import TopTrainer
@@ -111,7 +111,7 @@ class RunLoader:
             batches=self._admission.batch_schedule(spec, label_rows[train_pos]),
             # targets are (n,), (n, tags) or (n * T,): T activation rows per sample
             rows_per_sample=int(self._labels.targets(label_rows[:1]).shape[0]),
-            dequantizer=dequantizer(spec),
+            plan=PartyPlan.of(spec),
             finished=run.status == RunStatus.FINISHED.value,
         )
 

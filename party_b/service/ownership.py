@@ -28,10 +28,14 @@ from party_b import store
 from party_b.errors import ProblemError
 from party_b.service.runstate import RunState
 
-__all__ = ["Ownership", "default_holder", "once_more_if_moved"]
+__all__ = ["Applied", "Ownership", "default_holder", "once_more_if_moved"]
 
 log = logging.getLogger("fedlite.party_b")
 T = TypeVar("T")
+
+# (step, every party's request digests, their answers): a step and what it was answered with,
+# as a checkpoint records it (``store.pack_answers``)
+Applied = tuple[int, bytes | None, bytes | None]
 
 
 def default_holder() -> str:
@@ -86,6 +90,32 @@ class Ownership:
             "nothing was applied here: send it again",
         )
 
+    def checkpoint(self, session: Session, state: RunState, at: Applied | None = None) -> None:
+        """Fence (503 ``run-moved``), then write the run's checkpoint: its top model and
+        optimizer as they are, recorded as step ``at`` (a step being committed, with every
+        party's request digest and answer) or, by default, the run's applied step. The one
+        way a live run is checkpointed: a step's commit, the end of a run, a run leaving
+        memory, a drain. The caller holds ``state.lock`` and commits; pruning keeps the run's
+        newest interval checkpoints (party A keeps the same ones) and the newest of all."""
+        self.fence(session, state)
+        self.save(session, state, at)
+
+    def save(self, session: Session, state: RunState, at: Applied | None = None) -> None:
+        """``checkpoint`` within a transaction that fenced already (a step's commit)."""
+        step, digests, answers = at or (state.step, state.last_request_sha, state.last_response)
+        model_state, optimizer_state = state.trainer.state()
+        store.save_checkpoint(
+            session,
+            run_id=state.run_id,
+            step=step,
+            model_state=model_state,
+            optimizer_state=optimizer_state,
+            request_sha256=digests,
+            response=answers,
+            keep=self._checkpoints_kept,
+            interval=state.config.checkpoint_interval,
+        )
+
     def park(self, state: RunState) -> None:
         """Checkpoint an evicted run at its applied step and release its lease. Best effort:
         if that fails, the run reloads its newest earlier checkpoint and party A rolls back."""
@@ -94,25 +124,16 @@ class Ownership:
                 return
             try:
                 with self._sessions() as session:
-                    if not store.fence(session, state.run_id, state.lease):
-                        return  # another replica holds it: nothing of ours to save
                     steps = store.checkpoint_steps(session, state.run_id)
                     if not state.finished and state.step not in steps:
-                        model_state, optimizer_state = state.trainer.state()
-                        store.save_checkpoint(
-                            session,
-                            run_id=state.run_id,
-                            step=state.step,
-                            model_state=model_state,
-                            optimizer_state=optimizer_state,
-                            request_sha256=state.last_request_sha,
-                            response=state.last_response,
-                            keep=self._checkpoints_kept,
-                            interval=state.config.checkpoint_interval,
-                        )
+                        self.checkpoint(session, state)
+                    else:
+                        self.fence(session, state)
                     store.release(session, state.run_id, state.lease)
                     session.commit()
                 log.info("run %s left memory at step %d (checkpointed)", state.run_id, state.step)
+            except ProblemError:
+                return  # another replica holds it: nothing of ours to save
             except Exception:
                 log.exception("run %s could not be checkpointed on leaving memory", state.run_id)
             finally:

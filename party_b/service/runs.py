@@ -5,6 +5,7 @@ import secrets
 import threading
 import uuid
 from contextlib import nullcontext
+from functools import partial
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -16,9 +17,9 @@ from party_b.privacy import PrivacyPolicy
 from party_b.privacy.accounting import charge
 from party_b.privacy.run import RunPrivacy
 from party_b.service.context import ServiceContext
-from party_b.service.fusion import one_party_route
+from party_b.service.meetings import Agenda, Ticket, at_once
 from party_b.service.ownership import once_more_if_moved
-from party_b.service.runstate import Caller, RunState, owned_row
+from party_b.service.runstate import Caller, RunState, owned_row, party_of
 from party_b.service.views import run_out
 from shared.training import state_sha256
 
@@ -121,44 +122,50 @@ class Runs:
             out.model_sha256 = state_sha256(state.trainer.model.state_dict())
             return out
 
-    def finish(self, caller: Caller, run_id: str) -> RunOut:
-        """No more steps; the final model is checkpointed and keeps serving predictions."""
-        return once_more_if_moved(lambda: self._finish(caller, run_id))
-
-    def _finish(self, caller: Caller, run_id: str) -> RunOut:
+    def finish(self, caller: Caller, run_id: str) -> RunOut | Ticket:
+        """No more steps; the final model is checkpointed and keeps serving evaluate and
+        predict. A run with several feature parties finishes once every party has finished
+        after its last step (a meeting: PROTOCOL.md 12.7); at once with one party."""
         with self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
             if run.status == RunStatus.FINISHED.value:
                 return run_out(session, run, self._ctx.cache.peek(run_id))
             if run.status != RunStatus.TRAINING.value:
                 raise ProblemError.run_state(f"run is {run.status}; align and train it first")
-            one_party_route(RunCreate.from_stored(run.config), "finishes")
-        return self.close(caller, run_id)
+        state = self._ctx.cache.owned(caller, run_id)
+        plan = state.plan
+        index = party_of(plan, run_id, caller)
+        if plan.named:
+            _at_last_step(state)
+        agenda = Agenda(
+            "the end of the run",
+            plan.names,
+            partial(self._close, caller, run_id),
+            wait=self._ctx.wait_of(plan),
+            applied=lambda: state.step,
+        )
+        return at_once(Ticket(("finish",), plan.names[index], caller, b"finish", agenda), RunOut)
 
-    def close(self, caller: Caller, run_id: str) -> RunOut:
-        """Finish a training run the caller owns: checkpoint its model, no more steps (a run
-        with parties: once every party has finished, ``party_b.service.parties``)."""
+    def _close(self, caller: Caller, run_id: str, parts: dict[str, Caller]) -> dict[str, RunOut]:
+        """Finish a training run: checkpoint its model (fenced), no more steps; every
+        finishing party's answer (and its audit row)."""
+        out = once_more_if_moved(lambda: self._close_once(caller, run_id, list(parts.values())))
+        return dict.fromkeys(parts, out)
+
+    def _close_once(self, caller: Caller, run_id: str, callers: list[Caller]) -> RunOut:
         state = self._ctx.cache.owned(caller, run_id)
         with state.lock, self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
             if run.status == RunStatus.TRAINING.value:
-                self._ctx.ownership.fence(session, state)  # 503 run-moved if no longer ours
-                model_state, optimizer_state = state.trainer.state()
-                store.save_checkpoint(
-                    session,
-                    run_id=run_id,
-                    step=state.step,
-                    model_state=model_state,
-                    optimizer_state=optimizer_state,
-                    request_sha256=state.last_request_sha,
-                    response=state.last_response,
-                    keep=self._ctx.checkpoints_kept,
-                )
+                if state.plan.named:
+                    _at_last_step(state)  # a rollback after the parties came
+                self._ctx.ownership.checkpoint(session, state)  # 503 run-moved if not ours
                 run.status = RunStatus.FINISHED.value
                 session.commit()
                 state.finished = True
                 self._ctx.cache.retire(run_id, state)
-                audit.record(self._ctx.sessions, caller, "finish", run_id, step=state.step)
+                for finisher in callers:
+                    audit.record(self._ctx.sessions, finisher, "finish", run_id, step=state.step)
             return run_out(session, run, state)
 
     def delete(self, caller: Caller, run_id: str) -> None:
@@ -215,3 +222,16 @@ class Runs:
                 f"run {run.id} was created with this Idempotency-Key and another configuration",
             )
         return run_out(session, run, self._ctx.cache.peek(run.id))
+
+
+def _at_last_step(state: RunState) -> None:
+    """A run with several feature parties finishes after its last step only (the others
+    still step before): 409 naming where it is."""
+    if state.step < state.config.steps:
+        raise ProblemError(
+            ProblemType.STEP_OUT_OF_ORDER,
+            f"finish after the last step: party B has applied step {state.step} of "
+            f"{state.config.steps} and expects {state.step + 1}",
+            expected_step=state.step + 1,
+            applied_step=state.step,
+        )

@@ -1,4 +1,5 @@
-"""Who asks and what party B holds in memory for a run: ``Caller`` and ``RunState``."""
+"""What party B holds in memory for a run (``RunState``), and which of its feature parties a
+caller is (``party_of``)."""
 
 import threading
 from dataclasses import dataclass, field
@@ -8,25 +9,14 @@ from sqlalchemy.orm import Session
 
 from api_schemas import RunCreate
 from party_b import store
+from party_b.access import Caller
 from party_b.errors import ProblemError
 from party_b.privacy.run import OFF, RunPrivacy
+from party_b.service.fusion import PartyPlan
 from party_b.top import TopTrainer
-from shared.pq import GroupedProductQuantizer
 from shared.schedule import BatchSchedule, StepBatch
 
-__all__ = ["Caller", "RunState", "owned_row"]
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who a request comes from (``party_b.access.identify``): ``token_id`` is the token
-    whose runs it sees and acts on, ``name`` the token's name (logs, the audit trail)."""
-
-    token_id: int
-    name: str
-    subject: str | None = None  # the client certificate's subject, with mutual TLS
-    scopes: tuple[str, ...] = ()  # the token's scope names, for messages
-    actions: frozenset[str] | None = None  # what it may do (party_b.access); None: anything
+__all__ = ["Caller", "RunState", "owned_row", "party_of"]
 
 
 @dataclass
@@ -34,7 +24,9 @@ class RunState:
     """An aligned run with its top model in memory. Guarded by ``lock``.
 
     ``step``, ``last_request_sha`` and ``last_response`` change together, only when a step
-    commits (``party_b.service.steps``) or the run rolls back to a checkpoint.
+    commits (``party_b.service.steps``) or the run rolls back to a checkpoint; the last two
+    hold every feature party's request digest and answer of ``step``
+    (``store.pack_answers``).
     """
 
     run_id: str
@@ -48,7 +40,7 @@ class RunState:
     eval_pos: np.ndarray
     batches: BatchSchedule  # the batch of every step, as positions into ``train_pos``
     rows_per_sample: int  # activation rows per sample: 1, or T tokens for sequence models
-    dequantizer: GroupedProductQuantizer | None  # None for raw runs
+    plan: PartyPlan  # its feature parties: one (the token's run) or several, each quantized
     privacy: RunPrivacy = OFF  # the label-privacy policy party B gave the run
     step: int = 0  # last applied step
     last_request_sha: bytes | None = None
@@ -73,6 +65,13 @@ class RunState:
         batch = self.batches.batch(step)
         return StepBatch(self.train_pos[batch.positions], batch.chunk_sizes)
 
+    def training_keys(self) -> frozenset[str]:
+        """The aligned keys (hex) of the run's training split, built once per run in memory
+        (a race only builds it twice)."""
+        if self.train_keys is None:
+            self.train_keys = frozenset(self.aligned[p].hex() for p in self.train_pos)
+        return self.train_keys
+
     def commit(self, step: int, request_sha: bytes | None, response: bytes | None) -> None:
         """Record that ``step`` is the last applied step, answered with ``response``."""
         self.step, self.last_request_sha, self.last_response = step, request_sha, response
@@ -86,3 +85,24 @@ def owned_row(session: Session, caller: Caller, run_id: str) -> store.Run:
     if run is None:
         raise ProblemError.not_found(f"no run {run_id!r}")
     return run
+
+
+def party_of(plan: PartyPlan, run_id: str, caller: Caller) -> int:
+    """The index in ``plan`` of the caller's feature party of run ``run_id``. A run's own
+    token acts for its one party, on the routes of docs/PROTOCOL.md section 10; a run created
+    with ``parties`` is served on its parties' routes only (409, naming them); a party token
+    acts for its party (404 for a party the run does not have, as for a missing run)."""
+    names = plan.names
+    if caller.party is None:
+        if plan.named:
+            raise ProblemError.run_state(
+                f"this run has feature parties ({', '.join(names)}): each party sends its "
+                "requests to /v1/runs/{id}/parties/{party}/... with its own token "
+                "(docs/PROTOCOL.md section 12)"
+            )
+        return 0
+    if caller.party.run_id != run_id or caller.party.party not in names:
+        raise ProblemError.not_found(
+            f"no party {caller.party.party!r} in run {caller.party.run_id!r}"
+        )
+    return names.index(caller.party.party)

@@ -4,9 +4,10 @@ import math
 
 from sqlalchemy.orm import Session
 
-from api_schemas import AlignmentOut, RunCreate, RunOut, RunStatus
+from api_schemas import AlignmentOut, RunCreate, RunOut, RunPrivacyOut, RunStatus
 from api_schemas.runs import AlignmentInfo
 from party_b import store
+from party_b.privacy import PrivacyPolicy
 from party_b.service.runstate import RunState
 
 __all__ = ["alignment_out", "finite_or_none", "run_out"]
@@ -34,7 +35,27 @@ def run_out(session: Session, run: store.Run, live: RunState | None) -> RunOut:
         alignment=alignment,
         num_classes=run.num_classes,
         side_features=run.side_features,
+        privacy=privacy_out(_policy(session, run.id, live)),
     )
+
+
+def privacy_out(policy: PrivacyPolicy) -> RunPrivacyOut:
+    return RunPrivacyOut(
+        policy=policy.describe(),
+        label_dp=policy.label_epsilon is not None,
+        epsilon=policy.epsilon,
+        metrics=policy.metrics,
+        predict_train_ids=policy.answers_training_ids,
+    )
+
+
+def _policy(session: Session, run_id: str, live: RunState | None) -> PrivacyPolicy:
+    """The run's policy: its copy in memory's, else the stored one (a run stored before
+    policies trains as off)."""
+    if live is not None:
+        return live.privacy.policy
+    stored = store.run_privacy(session, run_id)
+    return PrivacyPolicy.from_stored(stored.policy if stored else None)
 
 
 def alignment_out(run: store.Run, aligned: list[bytes]) -> AlignmentOut:

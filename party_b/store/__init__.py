@@ -17,7 +17,9 @@ from party_b.store.checkpoints import (
     checkpoint_steps,
     forget_after,
     load_checkpoint,
+    pack_answers,
     save_checkpoint,
+    unpack_answers,
 )
 from party_b.store.engine import copy_database, make_engine, make_session_factory
 from party_b.store.leases import claim, fence, is_free, lease_of, release
@@ -105,6 +107,7 @@ __all__ = [
     "ledger_entry",
     "ledger_of",
     "load_checkpoint",
+    "pack_answers",
     "lock_owner",
     "log_evaluation",
     "log_step",
@@ -123,6 +126,7 @@ __all__ = [
     "runs_in_status",
     "runs_of",
     "save_checkpoint",
+    "unpack_answers",
     "served_setting",
     "set_privacy_budget",
     "step_log",

@@ -1,19 +1,59 @@
 """Checkpoints of party B's runs: the top model and optimizer after a step, with that step's
-request hash and response.
+request digests and answers (every feature party's: ``pack_answers``).
 
 A checkpoint is one row written in one transaction together with the pruning of older ones,
 so after a crash it is either wholly there or not there. Callers commit.
 """
 
+from collections.abc import Sequence
 from typing import Any, cast
 
+import msgpack
 from sqlalchemy import CursorResult, delete, select
 from sqlalchemy.orm import Session
 
 from party_b.store.parties import forget_party_traffic_after
 from party_b.store.tables import Checkpoint, StepLog
 
-__all__ = ["checkpoint_steps", "forget_after", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "checkpoint_steps",
+    "forget_after",
+    "load_checkpoint",
+    "pack_answers",
+    "save_checkpoint",
+    "unpack_answers",
+]
+
+_DIGEST = 32  # bytes of one request digest (SHA-256)
+_ONE_PACKED = b"\x91"  # msgpack's array of one element: see unpack_answers
+
+
+def pack_answers(digests: Sequence[bytes], answers: Sequence[bytes]) -> tuple[bytes, bytes]:
+    """Every feature party's request digest and answer of one step, in party order, as the
+    two values a checkpoint (and ``RunState``) keeps. One party: its digest and answer as
+    they are (how runs were stored before several parties existed); several: the digests
+    concatenated (32 bytes each) and a msgpack array of the answers (one ``bin`` each)."""
+    if len(answers) == 1:
+        return digests[0], answers[0]
+    packed: bytes = msgpack.packb(list(answers), use_bin_type=True)
+    return b"".join(digests), packed
+
+
+def unpack_answers(
+    digests: bytes | None, answers: bytes | None, parties: int
+) -> list[tuple[bytes, bytes]] | None:
+    """``pack_answers`` undone: (digest, answer) per party, or None for a step never answered
+    (step 0) or stored in another shape."""
+    if digests is None or answers is None or len(digests) != _DIGEST * parties:
+        return None
+    if parties == 1 and not answers.startswith(_ONE_PACKED):
+        # (an answer is a msgpack map; a run created with one entry in ``parties`` stored
+        # an array of one answer before one-party answers were stored as they are)
+        return [(digests, answers)]
+    unpacked = msgpack.unpackb(answers, raw=False)
+    if not isinstance(unpacked, list) or len(unpacked) != parties:
+        return None
+    return [(digests[_DIGEST * i : _DIGEST * (i + 1)], bytes(a)) for i, a in enumerate(unpacked)]
 
 
 def save_checkpoint(

@@ -6,6 +6,7 @@ version's different fields are reported as an unsupported version, not as unknow
 then ``t``, then that the map holds exactly the message's fields.
 """
 
+import hashlib
 from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Any, Final
@@ -165,3 +166,19 @@ def peek_step(body: bytes) -> int | None:
     if type(step) is not int or not 0 <= step <= MAX_STEP:
         return None
     return step
+
+
+def canonical_digest(body: bytes) -> bytes:
+    """SHA-256 of a message's canonical form (docs/PROTOCOL.md section 1): its msgpack value
+    written again with every map's keys in ascending order (by their UTF-8 bytes), integers
+    in their shortest form and floats as float64. Two bodies are the same message exactly
+    when their canonical digests are equal: the same fields, in any key order. ``body`` has
+    passed its decoder already (the bounds are that decoder's)."""
+    value = msgpack.unpackb(
+        body, raw=False, strict_map_key=True, object_pairs_hook=_sorted_map, use_list=True
+    )
+    return hashlib.sha256(msgpack.packb(value, use_bin_type=True)).digest()
+
+
+def _sorted_map(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    return dict(sorted(pairs, key=lambda pair: pair[0].encode()))

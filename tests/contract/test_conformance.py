@@ -6,6 +6,7 @@
 * the worked examples printed in PROTOCOL.md are the vectors' first cases.
 """
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,35 @@ def test_every_request_vector_decodes_to_its_fields_in_either_key_order() -> Non
             ]
             if given["dtype"] == "float32":  # float16 rounds: checked by the bytes above
                 assert chunks == given["chunks"], case["name"]
+
+
+def _canonical_digest_from_the_text(message: bytes) -> bytes:
+    """Section 1's canonical form, written from the text: the msgpack value again, every
+    map's keys in ascending order of their UTF-8 bytes, then SHA-256."""
+
+    def canonical(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: canonical(value[k]) for k in sorted(value, key=lambda k: k.encode())}
+        if isinstance(value, list):
+            return [canonical(v) for v in value]
+        return value
+
+    value = msgpack.unpackb(message, raw=False)
+    return hashlib.sha256(msgpack.packb(canonical(value), use_bin_type=True)).digest()
+
+
+def test_a_message_and_its_keys_in_another_order_have_one_canonical_digest() -> None:
+    """Party B identifies a request by its canonical digest (a step sent again is the same
+    message whatever its key order): the vectors' digest, from the text and from ours."""
+    from shared import codec
+
+    for case in _cases("requests"):
+        output = case["output"]
+        message, reordered = (bytes.fromhex(output[k]) for k in ("message", "reordered"))
+        assert message != reordered
+        digest = bytes.fromhex(output["digest"])
+        assert codec.canonical_digest(message) == codec.canonical_digest(reordered) == digest
+        assert _canonical_digest_from_the_text(reordered) == digest, case["name"]
 
 
 def test_the_text_alone_writes_the_request_vectors_byte_for_byte() -> None:

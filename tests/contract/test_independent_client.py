@@ -229,12 +229,32 @@ THIRDS = {"left": slice(0, 7), "middle": slice(7, 14), "right": slice(14, 20)}
 WIDTHS = {"left": 4, "middle": 4, "right": 8}
 
 
+def _finish_first(me: Any) -> dict[str, Any]:  # fedlite-a's order
+    run = me.finish()
+    return {"run": run, "eval": me.evaluate(), "pred": me.predict(me.eval[:5])}
+
+
+def _finish_last(me: Any) -> dict[str, Any]:
+    evaluation, prediction = me.evaluate(), me.predict(me.eval[:5])
+    return {"eval": evaluation, "pred": prediction, "run": me.finish()}
+
+
+def _finish_between(me: Any) -> dict[str, Any]:
+    evaluation, run = me.evaluate(), me.finish()
+    return {"eval": evaluation, "run": run, "pred": me.predict(me.eval[:5])}
+
+
+# each party's last calls in another order (PROTOCOL.md 12.7)
+LAST_CALLS = {"left": _finish_first, "middle": _finish_last, "right": _finish_between}
+
+
 def _three_parties(
     url: str, name: str, protocol: object | None
 ) -> tuple[dict[str, Any], dict[str, list[float]], dict[str, Any]]:
     """A run of three independent parties (the host's columns in thirds, each its own width
     and bottom model), created by the owner, its party tokens issued by party B's operator
-    (the CLI); every party aligns, trains, evaluates, predicts and finishes at once."""
+    (the CLI); every party aligns and trains at once, then makes its last calls in an order
+    of its own (PROTOCOL.md 12.7: every order completes)."""
     import subprocess
     import sys
     import threading
@@ -271,9 +291,7 @@ def _three_parties(
                 for t in range(1, settings[p].steps + 1):
                     last = me.step(t)
                 assert me.resend(last) == me.resend(last)  # stored bytes, per party
-                evaluation = me.evaluate()
-                prediction = me.predict(me.eval[:5])
-                out[p] = {"eval": evaluation, "pred": prediction, "run": me.finish()}
+                out[p] = LAST_CALLS[p](me)
                 losses[p] = me.losses
         except BaseException as exc:  # re-raised in the test's thread
             errors.append(exc)

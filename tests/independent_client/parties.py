@@ -1,7 +1,8 @@
 """One feature party of a run with several (docs/PROTOCOL.md section 12), from the documents:
-the party's routes under its own token, and the retry that section 12.4 asks for (409
-parties-incomplete: send the same request again). The rest is ``client``'s party A: its
-bottom model, quantizer, derived values and messages, unchanged.
+the party's routes under its own token, the retry that section 12.4 asks for (409
+parties-incomplete: send the same request again) and the order of the last calls of 12.7
+(409 call-out-of-order: finish first). The rest is ``client``'s party A: its bottom model,
+quantizer, derived values and messages, unchanged.
 """
 
 import time
@@ -70,14 +71,18 @@ class IndependentParty(IndependentPartyA):
         return f"/v1/runs/{self.run_id}/parties/{self.party}{tail}"
 
     def _post(self, path: str, **kwargs: Any) -> httpx.Response:
-        """12.4: a 409 parties-incomplete is sent again, the same request, until WAIT_FOR."""
+        """12.4: a 409 parties-incomplete is sent again, the same request, until WAIT_FOR.
+        12.7: a 409 call-out-of-order names the call to make first (``finish``, while the
+        other parties end the run): it is made, then this request is sent again."""
         deadline = time.monotonic() + WAIT_FOR
         while True:
             answer = self.http.post(path, **kwargs)
-            waiting = answer.status_code == 409 and answer.json().get("type", "").endswith(
-                ":parties-incomplete"
-            )
-            if not waiting or time.monotonic() > deadline:
+            problem = answer.json() if answer.status_code == 409 else {}
+            kind = str(problem.get("type", ""))
+            if kind.endswith(":call-out-of-order") and problem.get("expected_call") == "finish":
+                self.finish()
+                continue
+            if not kind.endswith(":parties-incomplete") or time.monotonic() > deadline:
                 return answer
             time.sleep(0.1)
 

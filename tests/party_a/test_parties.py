@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pandas as pd
 import pytest
 from fastapi import FastAPI
 
@@ -18,6 +19,7 @@ from party_a.trainer import PartyATrainer
 from party_b.api import create_app
 from party_b.party_tokens import issue_party_token
 from party_b.settings import Settings
+from party_b.store.parties import party_traffic
 from shared.demo_data import write_party_b_demo
 from tests.utils.live import live_server
 from tests.utils.parties import feature_tables, party_config, party_trainer, run_of
@@ -29,7 +31,15 @@ COLUMNS = {"left": (0, 7), "middle": (7, 14), "right": (14, 20)}
 @pytest.fixture
 def party_b(tmp_path: Path) -> Iterator[tuple[FastAPI, str]]:
     labels = write_party_b_demo(tmp_path / "labels.csv")
-    settings = Settings(data_dir=tmp_path / "b", labels=labels, tokens=f"owner:{TOKEN}")
+    # label privacy off (public data): the evaluations are on the true labels, and the
+    # training rows are scored; under label DP they are on each run's randomized labels
+    # (tests/party_b/service/test_one_path.py)
+    settings = Settings(
+        data_dir=tmp_path / "b",
+        labels=labels,
+        tokens=f"owner:{TOKEN}",
+        privacy="off,predict_train_ids=true",
+    )
     app = create_app(settings)
     with live_server(app) as url:
         yield app, url
@@ -116,8 +126,68 @@ def test_three_feature_parties_train_evaluate_and_predict_one_run(
         log = owner.get(f"/v1/runs/{run_id}/steps").json()["steps"]
     assert run["status"] == "finished" and run["step"] == 24
     assert [row["step"] for row in log] == list(range(1, 25))
-    traffic = app.state.service.parties.traffic(run_id)
+    with app.state.sessions() as db:
+        traffic = party_traffic(db, run_id)
     assert set(traffic) == set(COLUMNS) and {t[0] for t in traffic.values()} == {24}
+
+
+def test_a_party_that_evaluates_before_it_finishes_ends_the_run_beside_fedlite_a(
+    party_b: tuple[FastAPI, str], tmp_path: Path
+) -> None:
+    """fedlite-a's last calls are its last steps, finish (which waits for every party), then
+    the held-out evaluation; a party written from the documents evaluates first, then
+    finishes. Neither waits for the other (PROTOCOL.md 12.7): the one that evaluates while
+    the others finish is told to finish first, and every party ends with one evaluation."""
+    from tests.independent_client.parties import IndependentParty, PartySettings
+
+    app, url = party_b
+    columns = {"left": (0, 7), "middle": (7, 14)}
+    tables = feature_tables(tmp_path / "a", {**columns, "right": (14, 20)})
+    configs = {name: party_config("orders", name, b - a) for name, (a, b) in columns.items()}
+    spec = run_of(configs)
+    spec["parties"].append(
+        {"name": "right", "cut_dim": 8, "quantizer": {"mode": "pq", "q": 4, "L": 4}}
+    )
+    run_id, tokens = _create(app, url, spec)
+    trainers = {
+        name: party_trainer(tmp_path / f"state-{name}", url, tokens[name], tables[name], c)
+        for name, c in configs.items()
+    }
+    right = pd.read_csv(tables["right"])
+    values = right.drop(columns="id").to_numpy(dtype=np.float32)
+    standardized = (values - values.mean(axis=0)) / values.std(axis=0)
+    settings = PartySettings(party="right", steps=24, seed=0, cut_dim=8, q=4, L=4)
+
+    def fedlite_a(trainer: PartyATrainer) -> tuple[int, float, dict[str, float]]:
+        trainer.prepare()
+        trainer.train()  # its steps, then finish
+        answer = trainer.evaluate()
+        return answer.n, answer.loss, answer.metrics
+
+    def evaluates_first() -> tuple[int, float, dict[str, float]]:
+        auth = {"Authorization": f"Bearer {tokens['right']}"}
+        with httpx.Client(base_url=url, headers=auth, timeout=120) as http:
+            me = IndependentParty(http, list(right["id"]), standardized, settings)
+            me.join_and_align()
+            for t in range(1, settings.steps + 1):
+                me.step(t)
+            evaluation = me.evaluate()
+            me.finish()
+            return evaluation
+
+    try:
+        calls = {name: (lambda t=t: fedlite_a(t)) for name, t in trainers.items()}
+        out = _in_threads({**calls, "right": evaluates_first})
+    finally:
+        for trainer in trainers.values():
+            trainer.close()
+
+    assert len({repr(o) for o in out.values()}) == 1  # one evaluation, the same for all
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as owner:
+        run = owner.get(f"/v1/runs/{run_id}").json()
+        evaluations = owner.get(f"/v1/runs/{run_id}/evaluations").json()
+    assert run["status"] == "finished" and run["step"] == 24
+    assert [e["split"] for e in evaluations] == ["eval"]
 
 
 def test_a_party_whose_config_disagrees_with_the_run_is_told_what_differs(

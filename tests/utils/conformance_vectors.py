@@ -487,7 +487,8 @@ def requests_cases() -> tuple[str, str, list[Case]]:
         "'packed' (cw) or 'ans' (cf and ca, where smaller). Every party B reads 'message'; a "
         "decoder must get the fields back from it exactly. Key order carries no meaning "
         "(section 1): 'reordered' is the same message with its top-level keys reversed, "
-        "which party B must treat as the same message."
+        "which party B must treat as the same message; 'digest' is the SHA-256 of the "
+        "message's canonical form (section 1), the same for both."
     )
     rng = np.random.default_rng(24)
     h = bytes.fromhex("c4c6a5cddecf8358")
@@ -545,7 +546,12 @@ def requests_cases() -> tuple[str, str, list[Case]]:
     for name, tag, given, data in examples:
         reordered = msgpack.packb(dict(reversed(msgpack.unpackb(data).items())))
         given = {"t": tag, **given, "chunks": [_chunk_json(c) for c in given["chunks"]]}
-        output = {"bytes": len(data), "message": data.hex(), "reordered": reordered.hex()}
+        output = {
+            "bytes": len(data),
+            "message": data.hex(),
+            "reordered": reordered.hex(),
+            "digest": codec.canonical_digest(data).hex(),
+        }
         cases.append(_case(name, given, output))
     return "Messages", about, cases
 

@@ -1,19 +1,26 @@
-"""Runs: create, list, show, finish, delete (JSON)."""
+"""Runs: create, list, show, finish, delete (JSON); a party token's run (``GET /v1/party``).
 
+Showing and finishing a run have two doors (``party_b.api.doors``): the run's own path and
+each of its feature parties' paths.
+"""
+
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Request, Response
 
-from api_schemas import ProblemType, RunCreate, RunList, RunOut
+from api_schemas import PartyOut, ProblemType, RunCreate, RunList, RunOut
 from party_b.access import Action
 from party_b.api.contract import AUTHENTICATED, WITH_BODY, ContractRoute, contract
-from party_b.api.deps import ServiceDep, allowed, in_thread
+from party_b.api.deps import AdmittedDep, CallerDep, ServiceDep, allowed, in_thread
+from party_b.api.doors import answered, both
+from party_b.errors import ProblemError
 from party_b.service import Caller
 
 A = Action
 router = APIRouter(route_class=ContractRoute, tags=["runs"])
 P = ProblemType
-RUN = (*AUTHENTICATED, P.NOT_FOUND)
+OF_A_RUN = (*AUTHENTICATED, P.NOT_FOUND)
 
 
 @router.post(
@@ -48,24 +55,40 @@ async def list_runs(
     return RunList(runs=await in_thread(request, service.runs.list_runs, who))
 
 
-@router.get("/v1/runs/{run_id}", **contract(problems=(*RUN, P.INTERNAL)))
-async def get_run(
-    request: Request, run_id: str, who: Annotated[Caller, allowed(A.READ)], service: ServiceDep
-) -> RunOut:
+@both(router, "GET", "", A.READ, tags=["runs"], problems=(*OF_A_RUN, P.INTERNAL))
+async def get_run(request: Request, run_id: str, who: AdmittedDep, service: ServiceDep) -> RunOut:
     return await in_thread(request, service.runs.get, who, run_id)
 
 
-@router.post("/v1/runs/{run_id}/finish", **contract(problems=(*RUN, P.RUN_STATE, P.RUN_MOVED)))
-async def finish(
-    request: Request, run_id: str, who: Annotated[Caller, allowed(A.FINISH)], service: ServiceDep
-) -> RunOut:
-    return await in_thread(request, service.runs.finish, who, run_id)
+@both(
+    router,
+    "POST",
+    "/finish",
+    A.FINISH,
+    tags=["runs"],
+    problems=(*OF_A_RUN, P.RUN_STATE, P.STEP_OUT_OF_ORDER, P.RUN_MOVED),
+)
+async def finish(request: Request, run_id: str, who: AdmittedDep, service: ServiceDep) -> RunOut:
+    out: RunOut = await answered(request, run_id, partial(service.runs.finish, who, run_id))
+    return out
 
 
-@router.delete("/v1/runs/{run_id}", status_code=204, **contract(problems=RUN))
+@router.delete("/v1/runs/{run_id}", status_code=204, **contract(problems=OF_A_RUN))
 async def delete_run(
     request: Request, run_id: str, who: Annotated[Caller, allowed(A.DELETE)], service: ServiceDep
 ) -> Response:
     """Delete the run and all party B stores for it; frees its place in the token's quota."""
     await in_thread(request, service.runs.delete, who, run_id)
     return Response(status_code=204)
+
+
+@router.get("/v1/party", tags=["parties"], **contract(problems=AUTHENTICATED))
+async def whoami(who: CallerDep) -> PartyOut:
+    """The run and the feature party this party token acts for."""
+    if who.party is None:
+        raise ProblemError(
+            ProblemType.UNAUTHORIZED,
+            "unknown or revoked token (these routes take a party token)",
+            reason="token",
+        )
+    return PartyOut(run_id=who.party.run_id, party=who.party.party)

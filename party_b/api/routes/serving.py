@@ -1,5 +1,7 @@
-"""Serving: evaluate and predict (msgpack), and the evaluation history (JSON)."""
+"""Serving: evaluate and predict (msgpack), each with two doors (``party_b.api.doors``), and
+the evaluation history (JSON)."""
 
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -7,15 +9,16 @@ from fastapi import APIRouter, Query, Request, Response
 from api_schemas import EvalResultOut, ProblemType
 from party_b.access import Action
 from party_b.api.contract import AUTHENTICATED, MSGPACK, WITH_BODY, ContractRoute, contract
-from party_b.api.deps import ServiceDep, allowed, in_thread, msgpack
+from party_b.api.deps import AdmittedDep, ServiceDep, allowed, in_thread, msgpack
+from party_b.api.doors import RUN, answered, both
 from party_b.service import Caller
 
 A = Action
 router = APIRouter(route_class=ContractRoute)
 P = ProblemType
-RUN = (*AUTHENTICATED, P.NOT_FOUND)
+OF_A_RUN = (*AUTHENTICATED, P.NOT_FOUND)
 FORWARD = (
-    *RUN,
+    *OF_A_RUN,
     *WITH_BODY,
     P.MALFORMED_MESSAGE,
     P.RUN_STATE,
@@ -26,44 +29,46 @@ FORWARD = (
 )
 
 
-@router.post(
-    "/v1/runs/{run_id}/evaluate",
+@both(
+    router,
+    "POST",
+    "/evaluate",
+    A.EVALUATE,
     tags=["training"],
-    **contract(
-        consumes=MSGPACK,
-        message=("EvaluateRequest", "EvaluateResponse"),
-        problems=(*FORWARD, P.BATCH_MISMATCH),
-    ),
+    consumes=MSGPACK,
+    message=("EvaluateRequest", "EvaluateResponse"),
+    problems=(*FORWARD, P.BATCH_MISMATCH),
 )
 async def evaluate(
     request: Request,
     run_id: str,
-    who: Annotated[Caller, allowed(A.EVALUATE)],
+    who: AdmittedDep,
     service: ServiceDep,
     split: Annotated[str, Query(pattern="^(eval|train)$")] = "eval",
 ) -> Response:
     body = await request.body()
-    return msgpack(await in_thread(request, service.serving.evaluate, who, run_id, body, split))
+    check = partial(service.serving.evaluate, who, run_id, body, split)
+    return msgpack(await answered(request, run_id, check))
 
 
-@router.get("/v1/runs/{run_id}/evaluations", tags=["runs"], **contract(problems=RUN))
+@both(
+    router,
+    "POST",
+    "/predict",
+    A.PREDICT,
+    tags=["serving"],
+    consumes=MSGPACK,
+    message=("PredictRequest", "PredictResponse"),
+    problems=(*FORWARD, P.UNKNOWN_IDS, P.PRIVACY_REFUSED),
+)
+async def predict(request: Request, run_id: str, who: AdmittedDep, service: ServiceDep) -> Response:
+    body = await request.body()
+    check = partial(service.serving.predict, who, run_id, body)
+    return msgpack(await answered(request, run_id, check))
+
+
+@router.get(f"{RUN}/evaluations", tags=["runs"], **contract(problems=OF_A_RUN))
 async def evaluations(
     request: Request, run_id: str, who: Annotated[Caller, allowed(A.READ)], service: ServiceDep
 ) -> list[EvalResultOut]:
     return await in_thread(request, service.runs.eval_results, who, run_id)
-
-
-@router.post(
-    "/v1/runs/{run_id}/predict",
-    tags=["serving"],
-    **contract(
-        consumes=MSGPACK,
-        message=("PredictRequest", "PredictResponse"),
-        problems=(*FORWARD, P.UNKNOWN_IDS, P.PRIVACY_REFUSED),
-    ),
-)
-async def predict(
-    request: Request, run_id: str, who: Annotated[Caller, allowed(A.PREDICT)], service: ServiceDep
-) -> Response:
-    body = await request.body()
-    return msgpack(await in_thread(request, service.serving.predict, who, run_id, body))

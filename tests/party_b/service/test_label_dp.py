@@ -175,7 +175,7 @@ def test_a_label_dp_run_evaluates_on_its_randomized_labels(tmp_path: Path) -> No
     state = service.context.cache.owned(party_b.caller, run.id)
     rows = state.label_rows[train]
     request = codec.decode_evaluate_request(body)
-    z = activations.dequantize(state, request.chunks, expected_rows=len(train), allow_raw=True)
+    z = activations.dequantize(state.plan, 0, request.chunks, rows=len(train), allow_raw=True)
     true = service.context.labels.targets(rows)
     randomized = run_targets(state.privacy, true, rows, 2)
     assert not torch.equal(randomized, true)

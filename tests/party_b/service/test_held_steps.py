@@ -1,4 +1,5 @@
-"""A step that overtook its predecessor waits its turn instead of being refused (turns.py).
+"""A step that overtook its predecessor waits its turn instead of being refused
+(party_b/service/meetings.py: a run with one feature party's steps; docs/PROTOCOL.md 11).
 
 Real uvicorn over real HTTP, each request on its own connection as party A's pipeline sends
 them, with ONE worker thread: a held step that sat in the worker pool would starve the
@@ -18,7 +19,7 @@ import pytest
 from fastapi import FastAPI
 
 from party_b.api import create_app
-from party_b.service.turns import MAX_AHEAD
+from party_b.service.steps import MAX_AHEAD
 from party_b.settings import Settings
 from shared import codec
 from shared.codec import peek_step
@@ -193,22 +194,26 @@ def test_a_held_step_whose_predecessor_is_refused_is_refused_at_once(tmp_path: P
         assert body["expected_step"] == 1
 
 
-def test_every_step_party_a_can_have_in_flight_is_held_once(tmp_path: Path) -> None:
+def test_every_step_party_a_can_have_in_flight_waits_and_a_resend_joins_its_wait(
+    tmp_path: Path,
+) -> None:
     with _party_b(tmp_path, hold=LONG) as (app, url), _client(url) as client:
         run = aligned_run(client)
 
-        # Act: steps 2 .. MAX_AHEAD (all that can be ahead of step 1) held; step 2 again; step 1
+        # Act: steps 2 .. MAX_AHEAD (all that can be ahead of step 1) wait; step 2 again; step 1
         held = []
         for count, step in enumerate(range(2, MAX_AHEAD + 1), start=1):
             held.append(_InFlight(lambda step=step: _post_step(url, run, step)))  # type: ignore[misc]
             _until_held(app, count)
-        again = _post_step(url, run, 2)
+        again = _InFlight(lambda: _post_step(url, run, 2))
+        _until_held(app, MAX_AHEAD)
         first = _post_step(url, run, 1)
 
-        # Assert: the resend refused at once; the held ones applied in their turn, in order
-        problem(again, 409, "step-out-of-order")
+        # Assert: the waiting ones applied in their turn, in order, each once; the resend
+        # of step 2 got step 2's answer with the first request of it
         assert first.status_code == 200
         assert {h.answer().status_code for h in held} == {200}
+        assert again.answer().content == held[0].answer().content
         log = client.get(f"/v1/runs/{run.id}/steps").json()["steps"]
         assert [row["step"] for row in log] == list(range(1, MAX_AHEAD + 1))
 
@@ -303,23 +308,29 @@ def test_a_step_whose_keys_come_in_another_order_is_held_like_any_other(
         assert client.get(f"/v1/runs/{run.id}").json()["step"] == 2
 
 
-def test_a_resent_held_step_is_refused_at_once(
+def test_a_step_whose_wait_ended_out_of_order_is_refused_at_once_when_resent(
     tmp_path: Path,
 ) -> None:
-    """A step is held once: a client whose timeout is shorter than the hold resends it, and
-    holding every resend would keep the 409 (party B is behind) from it for good."""
-    with _party_b(tmp_path, hold=LONG) as (app, url), _client(url) as client:
+    """A client whose timeout is shorter than the hold resends a waiting step: the resend
+    joins the waiting request and its wait ends with it; after that, the step is refused at
+    once while its predecessor is missing, so the client sees the 409 (party B is behind)
+    within its timeout instead of timing out again and again."""
+    with _party_b(tmp_path, hold=0.5) as (app, url), _client(url) as client:
         run = aligned_run(client)
         assert _post_step(url, run, 1).status_code == 200
 
-        first = _InFlight(lambda: _post_step(url, run, 3))  # held: step 2 is missing
+        first = _InFlight(lambda: _post_step(url, run, 3))  # waits: step 2 is missing
         _until_held(app, 1)
-        resent = _post_step(url, run, 3)  # the same step again, while the first is held
+        joined = _InFlight(lambda: _post_step(url, run, 3))  # the same step, while it waits
+        _until_held(app, 2)
+        waited = [first.answer(), joined.answer()]
+        resent = _post_step(url, run, 3)  # after the wait ended: not held again
 
-        assert problem(resent, 409, "step-out-of-order")["expected_step"] == 2
-        assert _held(app) == 1 and not first.answered
-        assert _post_step(url, run, 2).status_code == 200  # releases the first: applied
-        assert first.answer().status_code == 200
+        for answer in [*waited, resent]:
+            assert problem(answer, 409, "step-out-of-order")["expected_step"] == 2
+        assert _held(app) == 2
+        assert _post_step(url, run, 2).status_code == 200
+        assert _post_step(url, run, 3).status_code == 200  # in its turn, as any step
         assert client.get(f"/v1/runs/{run.id}").json()["step"] == 3
 
 
