@@ -165,63 +165,87 @@ class Identity:
     subject: str | None
 
 
+@dataclass(frozen=True)
+class _Credential:
+    """What a presented token or certificate was found to be, before its grant's checks."""
+
+    name: str  # the token's name; a party token: "{party}@{run id}"
+    owner_id: int  # whose runs it acts on
+    expires_at: datetime | None
+    subject: str | None  # the client certificate it must come with
+    scopes: tuple[str, ...]
+    actions: frozenset[str]
+    party: PartyScope | None = None
+
+
 def identify(session: Session, presented: Identity, *, now: datetime | None = None) -> Caller:
     """The caller of a request, or a 401 problem naming why (``reason``: ``token``,
-    ``expired``, ``certificate``)."""
+    ``expired``, ``certificate``): the same rules for an API token and a party token."""
     now = now or datetime.now(UTC)
-    if presented.token:
-        row = auth.authenticate(session, presented.token)
-        if row is None:
-            party = authenticate_party(session, presented.token)
-            if party is None:
-                raise _refused("token", "unknown or revoked token")
-            return _party_caller(party, presented.subject)
-        grant = grant_of(session, row.id)
-        if grant is not None and grant.subject is not None:
-            _check_subject(row, grant, presented.subject)
-    elif presented.subject is not None:
-        grant = grant_with_subject(session, presented.subject)
-        if grant is None or not grant.certificate_only:
-            raise _refused(
-                "certificate",
-                f"no token given, and the certificate {presented.subject!r} does not identify "
-                "a caller on its own: send 'Authorization: Bearer <token>'",
-            )
-        found = session.get(ApiToken, grant.token_id)
-        if found is None or found.revoked_at is not None:
-            raise _refused("certificate", f"the caller of {presented.subject!r} was revoked")
-        row = found
-    else:
-        raise _refused("token", "send 'Authorization: Bearer <token>'")
-    if grant is not None and grant.expires_at is not None and grant.expires_at <= now:
+    found = _credential(session, presented)
+    if found.subject is not None:
+        _check_subject(found, presented.subject)
+    if found.expires_at is not None and found.expires_at <= now:
         raise _refused(
             "expired",
-            f"the token {row.name!r} expired at {grant.expires_at:%Y-%m-%dT%H:%M:%SZ}; ask "
+            f"the token {found.name!r} expired at {found.expires_at:%Y-%m-%dT%H:%M:%SZ}; ask "
             "party B's operator for a new one",
-            expired_at=grant.expires_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            expired_at=found.expires_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
         )
-    scopes = _scopes(grant)
-    actions = frozenset().union(*(SCOPES[s] for s in scopes))
-    owner = grant.runs_of if grant is not None and grant.runs_of is not None else row.id
     return Caller(
-        token_id=owner,
-        name=row.name,
+        token_id=found.owner_id,
+        name=found.name,
         subject=presented.subject,
-        scopes=tuple(sorted(scopes)),
-        actions=actions,
+        scopes=found.scopes,
+        actions=found.actions,
+        party=found.party,
     )
 
 
-def _party_caller(found: tuple[PartyScope, int], subject: str | None) -> Caller:
-    """A party token acts as its run's owner (``owner_id``), for its run and party only."""
-    scope, owner_id = found
-    return Caller(
-        token_id=owner_id,
-        name=f"{scope.party}@{scope.run_id}",
-        subject=subject,
-        scopes=("party",),
-        actions=PARTY_ACTIONS,
-        party=scope,
+def _credential(session: Session, presented: Identity) -> _Credential:
+    """The bearer token's credential (an API token or a party token), or the certificate's
+    alone (a grant ``certificate_only``); 401 for none."""
+    if presented.token:
+        row = auth.authenticate(session, presented.token)
+        if row is not None:
+            return _granted(row, grant_of(session, row.id))
+        party = authenticate_party(session, presented.token)
+        if party is None:
+            raise _refused("token", "unknown or revoked token")
+        scope = party.scope
+        return _Credential(
+            name=f"{scope.party}@{scope.run_id}",
+            owner_id=party.owner_id,  # a party token acts as its run's owner, for its run
+            expires_at=party.expires_at,
+            subject=party.subject,
+            scopes=("party",),
+            actions=PARTY_ACTIONS,
+            party=scope,
+        )
+    if presented.subject is None:
+        raise _refused("token", "send 'Authorization: Bearer <token>'")
+    grant = grant_with_subject(session, presented.subject)
+    if grant is None or not grant.certificate_only:
+        raise _refused(
+            "certificate",
+            f"no token given, and the certificate {presented.subject!r} does not identify "
+            "a caller on its own: send 'Authorization: Bearer <token>'",
+        )
+    found = session.get(ApiToken, grant.token_id)
+    if found is None or found.revoked_at is not None:
+        raise _refused("certificate", f"the caller of {presented.subject!r} was revoked")
+    return _granted(found, grant)
+
+
+def _granted(row: ApiToken, grant: TokenGrant | None) -> _Credential:
+    scopes = _scopes(grant)
+    return _Credential(
+        name=row.name,
+        owner_id=grant.runs_of if grant is not None and grant.runs_of is not None else row.id,
+        expires_at=grant.expires_at if grant is not None else None,
+        subject=grant.subject if grant is not None else None,
+        scopes=tuple(sorted(scopes)),
+        actions=frozenset().union(*(SCOPES[s] for s in scopes)),
     )
 
 
@@ -246,18 +270,18 @@ def _scopes(grant: TokenGrant | None) -> Iterable[str]:
     return [s for s in grant.scopes.split(",") if s in SCOPES]
 
 
-def _check_subject(row: ApiToken, grant: TokenGrant, subject: str | None) -> None:
-    assert grant.subject is not None
+def _check_subject(found: _Credential, subject: str | None) -> None:
+    assert found.subject is not None
     if subject is None:
         raise _refused(
             "certificate",
-            f"the token {row.name!r} is bound to the client certificate {grant.subject!r}; "
+            f"the token {found.name!r} is bound to the client certificate {found.subject!r}; "
             "connect with it (party B must run with mutual TLS, --ssl-ca-certs)",
         )
-    if not hmac.compare_digest(subject.encode(), grant.subject.encode()):
+    if not hmac.compare_digest(subject.encode(), found.subject.encode()):
         raise _refused(
             "certificate",
-            f"the token {row.name!r} is bound to the client certificate {grant.subject!r}, "
+            f"the token {found.name!r} is bound to the client certificate {found.subject!r}, "
             f"not to {subject!r}",
         )
 

@@ -11,13 +11,20 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy.orm import Session
 
 from party_b.store import parties as party_store
 from party_b.store.tables import Run
 
-__all__ = ["PartyScope", "authenticate_party", "issue_party_token", "revoke_party"]
+__all__ = [
+    "PartyCredential",
+    "PartyScope",
+    "authenticate_party",
+    "issue_party_token",
+    "revoke_party",
+]
 
 
 @dataclass(frozen=True)
@@ -28,16 +35,36 @@ class PartyScope:
     party: str
 
 
+@dataclass(frozen=True)
+class PartyCredential:
+    """An active party token: what it acts for, as whom, and its grant."""
+
+    scope: PartyScope
+    owner_id: int  # the run's owner, as whom party B's rooms know the run
+    expires_at: datetime | None
+    subject: str | None  # the client certificate it must come with (mutual TLS)
+
+
 def _hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-def issue_party_token(session: Session, run_id: str, party: str) -> str:
+def issue_party_token(
+    session: Session,
+    run_id: str,
+    party: str,
+    *,
+    expires_at: datetime | None = None,
+    subject: str | None = None,
+) -> str:
     """A new token for ``party`` of ``run_id`` (the party's earlier tokens are revoked: one
-    active token per party); returns it, the only time it is visible. Commits."""
+    active token per party), expiring at ``expires_at`` and bound to the client certificate
+    ``subject`` when given; returns it, the only time it is visible. Commits."""
     party_store.revoke_party_tokens(session, run_id, party)
     token = secrets.token_urlsafe(32)
-    party_store.add_party_token(session, run_id, party, _hash(token))
+    party_store.add_party_token(
+        session, run_id, party, _hash(token), expires_at=expires_at, subject=subject
+    )
     session.commit()
     return token
 
@@ -49,9 +76,9 @@ def revoke_party(session: Session, run_id: str, party: str) -> bool:
     return revoked
 
 
-def authenticate_party(session: Session, token: str) -> tuple[PartyScope, int] | None:
-    """The scope of an active party token and the id of its run's owner (as whom party B's
-    rooms know the run), or None (not one, or revoked)."""
+def authenticate_party(session: Session, token: str) -> PartyCredential | None:
+    """The credential of an active party token, or None (not one, or revoked). Its expiry
+    and certificate are checked where every token's are (``party_b.access.identify``)."""
     digest = _hash(token)
     row = party_store.party_token_by_hash(session, digest)
     if row is None or not hmac.compare_digest(row.token_sha256, digest):
@@ -59,4 +86,10 @@ def authenticate_party(session: Session, token: str) -> tuple[PartyScope, int] |
     run = session.get(Run, row.run_id)  # (a deleted run takes its tokens with it)
     if row.revoked_at is not None or run is None:
         return None
-    return PartyScope(row.run_id, row.party), run.owner_id
+    grant = party_store.party_grant(session, digest)
+    return PartyCredential(
+        PartyScope(row.run_id, row.party),
+        run.owner_id,
+        grant.expires_at if grant is not None else None,
+        grant.subject if grant is not None else None,
+    )

@@ -3,11 +3,14 @@
 
     fedlite-b parties create RUN.json --owner NAME [--out DIR]   the run, and one token per party
     fedlite-b parties tokens --run ID [--party P ...] [--out DIR] (new) tokens of a run's parties
+        [--expires 30d] [--subject "CN=..."]                     (one party's certificate)
     fedlite-b parties revoke --run ID --party P                  at once, while party B serves
     fedlite-b parties list [--run ID]                            party tokens and their state
 
 A token is printed once (JSON on stdout), or written to ``DIR/<party>.token`` (a new file,
-mode 600) with ``--out``. Issuing a party's token again revokes its earlier one. ``create``
+mode 600) with ``--out``. Issuing a party's token again revokes its earlier one; a party token
+expires (``--expires``) and is bound to a client certificate (``--subject``, mutual TLS) as an
+API token is (``party_b.access``). ``create``
 reads party B's label table (the flags and FEDLITE_B_* variables of ``serve``) to check the
 run as ``POST /v1/runs`` does; the run belongs to the token ``--owner``, which may read and
 delete it.
@@ -160,7 +163,29 @@ def issue_tokens(
         unknown = sorted(set(parties or []) - set(names))
         if unknown:
             raise MaintenanceError(f"run {run_id} has no party {unknown}; its parties: {names}")
-        return {party: issue_party_token(session, run_id, party) for party in parties or names}
+        expires_at, subject = _grant(args, parties)
+        return {
+            party: issue_party_token(session, run_id, party, expires_at=expires_at, subject=subject)
+            for party in parties or names
+        }
+
+
+def _grant(args: argparse.Namespace, parties: list[str] | None) -> tuple[Any, str | None]:
+    """``--expires`` (every token issued) and ``--subject`` (one party's token: a party's
+    client certificate is its own), checked as ``fedlite-b token issue`` checks them."""
+    from party_b.access import parse_expiry
+    from party_b.ops.mtls import normalize_subject
+
+    expires, subject = getattr(args, "expires", None), getattr(args, "subject", None)
+    if subject is not None and len(parties or []) != 1:
+        raise MaintenanceError("--subject binds one party's token: name that party (--party P)")
+    try:
+        return (
+            parse_expiry(expires) if expires else None,
+            normalize_subject(subject) if subject else None,
+        )
+    except ValueError as exc:
+        raise MaintenanceError(str(exc)) from None
 
 
 def _deliver(
@@ -260,6 +285,10 @@ def add_parser(sub: Any, add: Any, storage: Any, labels: Any) -> None:
     tokens.add_argument("--run", required=True, help="the run's id")
     tokens.add_argument("--party", action="append", help="only this party (repeatable)")
     tokens.add_argument("--out", type=Path, help="write each token to DIR/<party>.token")
+    tokens.add_argument("--expires", help="when the tokens stop working: 30d, 12h or a UTC date")
+    tokens.add_argument(
+        "--subject", help="the client certificate (RFC 4514) the party's token must come with"
+    )
     storage(tokens)
     tokens.set_defaults(func=_cmd_tokens)
     revoke = add(parties_sub, "revoke", help="revoke a party's token (at once)")

@@ -422,12 +422,6 @@ def _superseded(agenda: Agenda, party: str, *, computing: bool) -> ProblemError:
 
 
 def _rolled_back(agenda: Agenda) -> ProblemError:
-    applied = agenda.applied()
-    if applied is None:
-        return ProblemError.run_state(f"the run changed while {agenda.what} was checked")
-    return ProblemError(
-        ProblemType.STEP_OUT_OF_ORDER,
-        f"the run was rolled back to step {applied} while {agenda.what} was checked",
-        expected_step=applied + 1,
-        applied_step=applied,
+    return _out_of_order(
+        f"the run was rolled back while {agenda.what} was checked:", agenda.applied()
     )

@@ -2,6 +2,7 @@
 
     party_tokens    a bearer token bound to one run and one of its feature parties, stored
                     as its SHA-256 (as every token); revoked, not deleted; gone with its run
+    party_grants    a party token's expiry and the client certificate it is bound to
     party_traffic   bytes in and out of every party at every applied step (the dashboard);
                     rows past a restored checkpoint are dropped with the step log's
 
@@ -17,10 +18,12 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 from party_b.store.tables import Base, UtcDateTime
 
 __all__ = [
+    "PartyGrant",
     "PartyToken",
     "PartyTraffic",
     "active_party_token",
     "add_party_token",
+    "party_grant",
     "forget_party_traffic_after",
     "log_party_traffic",
     "party_token_by_hash",
@@ -46,6 +49,19 @@ class PartyToken(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
 
 
+class PartyGrant(Base):
+    """When a party token expires, and the client certificate (RFC 4514 subject) it must come
+    with (mutual TLS); a token without a row has neither (``party_b.access``)."""
+
+    __tablename__ = "party_grants"
+
+    token_sha256: Mapped[str] = mapped_column(
+        ForeignKey("party_tokens.token_sha256", ondelete="CASCADE"), primary_key=True
+    )
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
+    subject: Mapped[str | None] = mapped_column(String(1000), default=None)
+
+
 class PartyTraffic(Base):
     """One party's bytes of one applied step: its request in, its answer out."""
 
@@ -58,8 +74,24 @@ class PartyTraffic(Base):
     bytes_out: Mapped[int] = mapped_column(Integer)
 
 
-def add_party_token(session: Session, run_id: str, party: str, token_sha256: str) -> None:
+def add_party_token(
+    session: Session,
+    run_id: str,
+    party: str,
+    token_sha256: str,
+    *,
+    expires_at: datetime | None = None,
+    subject: str | None = None,
+) -> None:
     session.add(PartyToken(token_sha256=token_sha256, run_id=run_id, party=party))
+    if expires_at is not None or subject is not None:
+        session.flush()  # the token's row first: the grant refers to it
+        session.add(PartyGrant(token_sha256=token_sha256, expires_at=expires_at, subject=subject))
+
+
+def party_grant(session: Session, token_sha256: str) -> PartyGrant | None:
+    """The party token's grant; None: no expiry, no certificate."""
+    return session.get(PartyGrant, token_sha256)
 
 
 def party_token_by_hash(session: Session, digest: str) -> PartyToken | None:

@@ -55,7 +55,9 @@ def party_spec(widths: dict[str, int], **overrides: Any) -> dict[str, Any]:
 
 @dataclass
 class Party:
-    """One feature party of a run: its token, its width, its own hand-made activations."""
+    """One feature party of a run: its token, its width, its own hand-made activations.
+    ``own``: the only party of a run created without ``parties``: its creator's token, on
+    the run's own routes (docs/PROTOCOL.md section 10) rather than a party's."""
 
     url: str
     run_id: str
@@ -65,6 +67,7 @@ class Party:
     spec: dict[str, Any]
     alignment_key: bytes = b""
     aligned: list[bytes] = field(default_factory=list)
+    own: bool = False
 
     def client(self) -> httpx.Client:
         """A client of its own (one connection per request in flight)."""
@@ -72,6 +75,8 @@ class Party:
         return httpx.Client(base_url=self.url, headers=headers, timeout=120)
 
     def path(self, tail: str = "") -> str:
+        if self.own:
+            return f"/v1/runs/{self.run_id}{tail}"
         return f"/v1/runs/{self.run_id}/parties/{self.name}{tail}"
 
     def post(self, tail: str, **kwargs: Any) -> httpx.Response:
@@ -114,17 +119,29 @@ class Party:
     def step(self, step: int, body: bytes | None = None) -> httpx.Response:
         return self.post("/steps", content=body or self.step_body(step), headers=MSGPACK)
 
-    def evaluate_body(self, x: np.ndarray | None = None) -> bytes:
-        _, eval_pos = self.split
-        x = self.activations(10**6, len(eval_pos)) if x is None else x
+    def evaluate_body(self, x: np.ndarray | None = None, split: str = "eval") -> bytes:
+        train, eval_pos = self.split
+        positions = eval_pos if split == "eval" else train
+        x = self.evaluate_activations(split) if x is None else x
         request = codec.EvaluateRequest(
-            ids_digest=batch_digest([self.aligned[p] for p in eval_pos]),
+            ids_digest=batch_digest([self.aligned[p] for p in positions]),
             chunks=(codec.RawActivations(x),),
         )
         return codec.encode_evaluate_request(request)
 
-    def predict_body(self, n: int = 4, x: np.ndarray | None = None) -> bytes:
-        ids = [k.hex() for k in self.aligned[:n]]
+    def evaluate_activations(self, split: str = "eval") -> np.ndarray:
+        """The (rows, d) activations ``evaluate_body`` sends for ``split``."""
+        train, eval_pos = self.split
+        positions = eval_pos if split == "eval" else train
+        return self.activations(10**6 if split == "eval" else 10**6 + 2, len(positions))
+
+    def predict_body(
+        self, n: int = 4, x: np.ndarray | None = None, positions: list[int] | None = None
+    ) -> bytes:
+        """A prediction of ``positions`` of the aligned list (default: the first ``n``)."""
+        chosen = list(range(n)) if positions is None else positions
+        ids = [self.aligned[p].hex() for p in chosen]
+        n = len(ids)
         x = self.activations(10**6 + 1, n) if x is None else x
         request = codec.PredictRequest(ids=ids, chunks=(codec.RawActivations(x),))
         return codec.encode_predict_request(request)
@@ -152,6 +169,30 @@ def party_run(
         Party(url, run["id"], name, tokens[name], d, spec, bytes.fromhex(run["alignment_key"]))
         for name, d in widths.items()
     ]
+
+
+PARTY_WIDTHS = {"bank": 4, "telco": 4, "shop": 8}
+
+
+def run_of_n(
+    url: str, owner_token: str, sessions: sessionmaker[Session], n: int, **overrides: Any
+) -> list[Party]:
+    """A run with ``n`` feature parties (the first ``n`` of PARTY_WIDTHS): for n = 1 a run
+    created without ``parties`` (its creator's token, its own routes), else ``party_run``."""
+    widths = dict(list(PARTY_WIDTHS.items())[:n])
+    if n > 1:
+        return party_run(url, owner_token, sessions, widths, **overrides)
+    spec = party_spec(widths, **overrides)
+    (only,) = spec.pop("parties")
+    spec.update(cut_dim=only["cut_dim"], quantizer=only["quantizer"], downlink=only["downlink"])
+    with httpx.Client(
+        base_url=url, headers={"Authorization": f"Bearer {owner_token}"}, timeout=60
+    ) as owner:
+        created = owner.post("/v1/runs", json=spec)
+    assert created.status_code == 201, created.text
+    run = created.json()
+    key = bytes.fromhex(run["alignment_key"])
+    return [Party(url, run["id"], only["name"], owner_token, only["cut_dim"], spec, key, own=True)]
 
 
 def together(*calls: Callable[[], httpx.Response]) -> list[httpx.Response]:
