@@ -6,6 +6,7 @@ the compose spec's JSON schema, every command in compose.yaml parsed by the real
 Dockerfile's install lines run for real into a scratch virtual environment (which then runs
 the demo: the lean install is enough), and the demo's certificate script run for real."""
 
+import json
 import os
 import re
 import shlex
@@ -207,8 +208,21 @@ def test_the_party_b_image_install_lines_give_a_lean_install_that_runs_the_demo(
         capture_output=True, text=True, cwd=tmp_path, timeout=900,
     )  # fmt: skip
     assert parties.returncode == 0, parties.stdout[-3000:] + parties.stderr[-3000:]
-    assert "AUC" in parties.stdout and "right  uplink" in parties.stdout
-    assert "shut down cleanly" in parties.stdout
+    assert "right  uplink" in parties.stdout and "shut down cleanly" in parties.stdout
+    # it serves with label privacy off, as it says, so its AUC is on the true labels
+    auc = re.search(r"held-out accuracy [0-9.]+, AUC ([0-9.]+)", parties.stdout)
+    assert auc is not None and float(auc.group(1)) > 0.99, parties.stdout[-2000:]
+    # and party B's audit trail holds every party's alignment, evaluation, prediction, finish
+    audit = subprocess.run(
+        [str(venv / "bin" / "fedlite-b"), "audit", "--jsonl",
+         "--data-dir", str(tmp_path / "parties" / "party_b")],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert audit.returncode == 0, audit.stderr
+    events = [json.loads(line) for line in audit.stdout.splitlines()]
+    for party in ("left", "right"):
+        done = {e["action"] for e in events if e["actor"].startswith(f"{party}@")}
+        assert {"psi", "align", "evaluate", "predict", "finish"} <= done, (party, done)
 
 
 # ============================================================================ compose
