@@ -116,7 +116,7 @@ class Settings(BaseSettings):
         ge=0,
         le=60,
         description="longest wait of a training step that overtook its predecessor before it "
-        "is refused (default 5; 0 refuses it at once, party_b/service/turns.py says why)",
+        "is refused (default 5; 0 refuses it at once; party_b/service/__init__.py says why)",
     )
     drain_seconds: float = Field(
         default=0.0,

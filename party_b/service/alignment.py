@@ -78,10 +78,6 @@ class Aligner(Protocol):
         """
         ...
 
-    def intersect(self, own_keys: set[bytes], offered: list[bytes]) -> set[bytes]:
-        """Aligned keys both parties hold (each party orders them by its raw ids)."""
-        ...
-
 
 class PsiAligner:
     """ECDH-PSI over party B's ids; the blinded set is built on first use and then kept."""
@@ -103,9 +99,6 @@ class PsiAligner:
         server, version = self._server_and_version()
         response, count = server.respond(request, max_ids=max_ids)
         return PsiReply(dataset_version=version, setup=server.setup, response=response), count
-
-    def intersect(self, own_keys: set[bytes], offered: list[bytes]) -> set[bytes]:
-        return own_keys.intersection(offered)
 
     def warm_up(self) -> None:
         """Build the set-up now rather than on the first PSI request."""

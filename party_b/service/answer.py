@@ -19,18 +19,11 @@ from shared import codec
 from shared.codec import DownlinkSpec
 from shared.schedule import step_seed
 
-__all__ = ["run_downlink", "step_response"]
+__all__ = ["step_response"]
 
 log = logging.getLogger("fedlite.party_b")
 
 _FLOAT32 = DownlinkSpec(kind="float32")
-
-
-def run_downlink(text: str | None) -> DownlinkSpec:
-    """A stored run's downlink string, parsed (it was checked when the run was created); a
-    run with parties has one per party (``fusion.PartyPlan``), none here."""
-    assert text is not None, "a run with parties answers each party in its own downlink"
-    return DownlinkSpec.from_string(text)
 
 
 def step_response(
