@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import hypothesis
 import pytest
 
 if TYPE_CHECKING:
@@ -50,6 +51,26 @@ def _patient(request: Callable[..., httpx.Response]) -> Callable[..., httpx.Resp
 
 for _name in ("request", "get", "post", "put", "patch", "delete", "head", "options"):
     setattr(httpx, _name, _patient(getattr(httpx, _name)))
+
+
+class _PatientClient(httpx.Client):
+    """The same for a test's own ``httpx.Client`` (the first request of a fresh process,
+    which loads torch's lazy parts, took 9.6 s at load 11): 60 s unless it names its own.
+    Party A's transport always names its timeout, so it is not affected."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("timeout", 60.0)
+        super().__init__(*args, **kwargs)
+
+
+httpx.Client = _PatientClient  # type: ignore[misc]
+
+
+# Hypothesis draws the same examples on every run of the default suite (a verdict must not
+# depend on the draw); HYPOTHESIS_PROFILE=explore draws new ones, for a search of its own.
+hypothesis.settings.register_profile("default", derandomize=True)
+hypothesis.settings.register_profile("explore", derandomize=False)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 _FOLDER_MARKERS = {"e2e": pytest.mark.e2e, "deploy": pytest.mark.deploy}

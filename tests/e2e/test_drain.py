@@ -22,8 +22,8 @@ import pytest
 from party_a.trainer import PartyATrainer, TrainSummary
 from party_a.transport.http import HttpTransport
 from shared import codec
+from shared.schedule import batch_digest
 from shared.training import state_sha256
-from shared.types import DIGEST_BYTES
 from tests.utils.crash import party_b_checkpoints
 from tests.utils.data import breast_pair
 from tests.utils.party_a import breast_config, make_trainer
@@ -44,16 +44,19 @@ def _trainer(tmp_path: Path, url: str, name: str) -> PartyATrainer:
     return make_trainer(tmp_path / f"a-{name}", url, ALICE, host, config, retry_for=180)
 
 
-def _held_step_body(step: int) -> bytes:
-    """A well-formed request for ``step`` of a run whose step 1 never comes (breast_config's
-    batch of 32 rows, a 32-wide cut, PQ q = 8, L = 4): party B holds it for its turn (up to
-    5 s), then answers 409 step-out-of-order. Its activations and digest are never used."""
+def _held_step_body(trainer: PartyATrainer, step: int) -> bytes:
+    """A request for ``step`` of the trainer's run whose step 1 never comes, that passes every
+    check but its order (its batch's digest, breast_config's batch of 32 rows, a 32-wide cut,
+    PQ q = 8, L = 4): party B holds it for its turn (up to 5 s), then answers 409
+    step-out-of-order. Its activations are never used."""
     rng = np.random.default_rng(step)
     chunk = codec.PQActivations(
         codebook=rng.standard_normal((1, 4, 4)).astype(np.float32),
         codewords=rng.integers(0, 4, (32, 8)),
     )
-    request = codec.StepRequest(step=step, batch_digest=bytes(DIGEST_BYTES), chunks=(chunk,))
+    assert trainer.data is not None
+    digest = batch_digest([trainer.data.aligned[p] for p in trainer.batch(step).positions])
+    request = codec.StepRequest(step=step, batch_digest=digest, chunks=(chunk,))
     return codec.encode_step_request(request)
 
 
@@ -97,7 +100,7 @@ def test_sigterm_drains_checkpoints_and_the_run_resumes_bit_identical(tmp_path: 
             target=lambda: in_flight.append(
                 httpx.post(
                     f"{b.url}/v1/runs/{bystander.run_id}/steps",
-                    content=_held_step_body(2),
+                    content=_held_step_body(bystander, 2),
                     headers={**auth, "Content-Type": "application/msgpack"},
                 )
             )

@@ -134,8 +134,14 @@ def test_a_repeated_step_is_answered_identically_and_applied_once(
     assert run["step"] == 1
     steps = client.get(f"/v1/runs/{trainer.run_id}/steps").json()["steps"]
     assert [s["step"] for s in steps] == [1]
-    # a step from the future and one from the past are refused with the expected step
-    future = trainer.bottom.request(3, trainer.features.x[trainer.data.rows[positions]], b"\0" * 8)
+    # a step from the future (held for its turn, which never comes) is refused with the
+    # expected step
+    ahead = trainer.batch(3).positions
+    future = trainer.bottom.request(
+        3,
+        trainer.features.x[trainer.data.rows[ahead]],
+        batch_digest([trainer.data.aligned[p] for p in ahead]),
+    )
     refused = client.post(url, content=future.body, headers=headers)
     assert refused.status_code == 409
     assert refused.headers["content-type"] == "application/problem+json"

@@ -16,7 +16,7 @@ import pytest
 
 from experiments.tasks import ClassLabels
 from party_a.config import load_config
-from party_a.errors import problem_from_body
+from party_a.errors import StepOutOfOrder, problem_from_body
 from party_a.features import FeatureTable
 from party_a.loop import needed
 from party_a.store import LocalStore
@@ -61,9 +61,12 @@ class _Transport(InProcessTransport):
     def __init__(self, service: Service, caller: Caller) -> None:
         super().__init__(service, caller, problem=problem_from_body)
         self.delay: dict[int, float] = {}  # step -> seconds to hold its request back
+        self.overtaken: set[int] = set()  # steps held back until their successor is refused
         self.lose: set[int] = set()  # steps whose first answer is lost after the next applies
         self.die_at: int | None = None  # a step whose request kills party A (SystemExit)
         self.sent: list[int] = []
+        self._refused: set[int] = set()
+        self._changed = threading.Condition()
 
     def step(self, run_id: str, body: bytes) -> bytes:
         step = decode_step_request(body).step
@@ -71,6 +74,19 @@ class _Transport(InProcessTransport):
         if step == self.die_at:
             raise SystemExit(f"party A killed while step {step} was in flight")
         time.sleep(self.delay.get(step, 0.0))
+        if step in self.overtaken:  # its successor, sent meanwhile, reaches party B first
+            with self._changed:
+                overtook = self._changed.wait_for(lambda: step + 1 in self._refused, 120)
+            assert overtook, f"step {step + 1} never overtook step {step}"  # a deadlock
+        try:
+            return self._step(run_id, body, step)
+        except StepOutOfOrder:
+            with self._changed:
+                self._refused.add(step)
+                self._changed.notify_all()
+            raise
+
+    def _step(self, run_id: str, body: bytes, step: int) -> bytes:
         if step - 1 in self.lose:
             # never overtake a step whose answer is to be lost: refused (409), this step would
             # be resent only after that answer, which the hook below holds until this step is
@@ -166,7 +182,7 @@ def test_steps_that_overtake_their_predecessor_are_resent_and_applied_once(
     reference, _ = parties.train("reference", 3)
     trainer = parties.trainer("overtaken", 3)
     assert isinstance(trainer.transport, _Transport)
-    trainer.transport.delay = dict.fromkeys(range(1, STEPS + 1, 2), 0.05)  # odd steps lag
+    trainer.transport.overtaken = set(range(1, STEPS + 1, 2))  # even steps overtake odd ones
     trainer.prepare()
     summary = trainer.train()
     assert summary.resent > 0

@@ -127,7 +127,7 @@ def test_each_party_gets_its_slice_of_one_step_applied_once_as_one_party_would(
 
 
 def test_a_missing_party_is_named_and_nothing_changes(tmp_path: Path) -> None:
-    with _party_b(tmp_path, wait=1.0) as (app, url), _owner(url) as owner:
+    with _party_b(tmp_path, wait=5.0) as (app, url), _owner(url) as owner:
         parties = _aligned(app, url)
         answers = together(partial(parties[0].step, 1), partial(parties[1].step, 1))
 
@@ -157,8 +157,8 @@ def test_a_malformed_or_out_of_order_step_is_refused_at_once(tmp_path: Path) -> 
         }
         for what, (body, status, slug) in cases.items():
             answer = bank.step(1, body)
-            problem(answer, status, slug)  # at once: well within the 30 s wait
-            assert answer.elapsed.total_seconds() < 10, what
+            problem(answer, status, slug)  # at once, not after the 30 s wait
+            assert answer.elapsed.total_seconds() < 25, what
 
 
 def test_party_tokens_act_for_their_run_and_party_only(tmp_path: Path) -> None:
@@ -232,7 +232,7 @@ def test_every_party_route_takes_its_own_party_token_only(tmp_path: Path) -> Non
     new one is covered): API tokens (the run's owner or a stranger) get 401 alike, so the
     answer says nothing of the run; another party's or another run's party token gets 404,
     as a run that does not exist; the party's own token is let through."""
-    with _party_b(tmp_path, wait=1.0) as (app, url):
+    with _party_b(tmp_path, wait=5.0) as (app, url):
         parties = _aligned(app, url)
         bank, telco = parties[0], parties[1]
         elsewhere = party_run(url, TOKEN, app.state.sessions, {"bank": 4})[0]

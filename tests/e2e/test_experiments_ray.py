@@ -30,7 +30,7 @@ def _without_times(record: Any) -> Any:
     return record
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1800)
 def test_the_femnist_smoke_sweep_on_ray_matches_the_pool_and_resumes(tmp_path: Path) -> None:
     ray_out, pool_out = tmp_path / "ray", tmp_path / "pool"
     jobs = SWEEPS["femnist"].jobs(smoke=True)
@@ -60,7 +60,7 @@ def test_the_femnist_smoke_sweep_on_ray_matches_the_pool_and_resumes(tmp_path: P
         assert (directory / bottom).read_bytes() == (pool_out / "femnist" / bottom).read_bytes()
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_a_job_that_raises_is_reported_failed_and_leaves_no_record(tmp_path: Path) -> None:
     fedavg = next(j for j in SWEEPS["femnist"].jobs(smoke=True) if "fedavg" in j.key)
     first = next(j for j in SWEEPS["femnist"].jobs(smoke=True) if isinstance(j, RunConfig))
