@@ -96,7 +96,7 @@ class InProcessTransport:
         return self._call(self.service.alignment.align_keys, run_id, body)
 
     def step(self, run_id: str, body: bytes) -> bytes:
-        return self._call(self.service.steps.check, run_id, body)
+        return self._call(self.service.steps.step, run_id, body)
 
     def resume(self, run_id: str, from_step: int) -> RunOut:
         return self._call(self.service.steps.resume, run_id, from_step)
