@@ -342,6 +342,16 @@ def render() -> str:
             "floor-locust",
             floor_locust_table,
         ),
+        (
+            "The per-step floor, one party B for N feature parties against 08408bb (issue 32)",
+            "floor-one-path",
+            floor_table,
+        ),
+        (
+            "Where a step's time goes, one party B for N feature parties (issue 32)",
+            "floor-one-path",
+            floor_breakdown_table,
+        ),
         ("Quantizer, all libraries on one thread", "quantizer-1thread", quantizer_table),
         ("Quantizer, default threads", "quantizer", quantizer_table),
         ("Codec", "codec", codec_table),

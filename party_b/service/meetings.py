@@ -210,8 +210,7 @@ class Meetings:
                 _fail([meeting.parts.pop(who)], _out_of_order(what, applied))
                 if not meeting.parts:
                     del self._runs[run_id][key]
-        if not self._runs.get(run_id, True):
-            self._runs.pop(run_id, None)
+        self._forget_if_idle(run_id)
 
     def reset(self, run_id: str, problem: ProblemError, kinds: tuple[str, ...]) -> None:
         """The run moved under its meetings (a rollback): every waiting request of a meeting
@@ -221,9 +220,8 @@ class Meetings:
         meetings = self._runs.get(run_id, {})
         for key in [k for k, m in meetings.items() if k[0] in kinds and not m.running]:
             _fail(meetings.pop(key).parts.values(), problem)
-        if not meetings:
-            self._runs.pop(run_id, None)
         self.poke(run_id)
+        self._forget_if_idle(run_id)
 
     def waiting(self, run_id: str) -> dict[Key, list[str]]:
         """The run's meetings and the parties whose parts are in (for views and tests)."""
@@ -284,9 +282,8 @@ class Meetings:
             meetings = self._runs.get(run_id, {})
             if meetings.get(key) is meeting:
                 del meetings[key]
-            if not meetings:
-                self._runs.pop(run_id, None)
             self.poke(run_id)
+            self._forget_if_idle(run_id)
 
     def _refuse_at_once(self, run_id: str, ticket: Ticket) -> None:
         """A step that waited out of order before and is still not ready; an evaluation or
@@ -297,7 +294,8 @@ class Meetings:
             seen = self._out_of_order.get(run_id, set())
             seen.difference_update({s for s in seen if applied is None or s[1] <= applied})
             if (ticket.party, agenda.step) in seen and not agenda.ready():
-                raise _out_of_order(f"{agenda.what} of party {ticket.party!r}", applied)
+                what = f"{agenda.what} of party {ticket.party!r} waited already and is still ahead:"
+                raise _out_of_order(what, applied)
         if ticket.key[0] in ("eval", "predict"):
             finish = self._runs.get(run_id, {}).get(("finish",))
             if finish is not None and ticket.party not in finish.parts:
@@ -335,8 +333,16 @@ class Meetings:
         meetings = self._runs.get(run_id, {})
         if not meeting.parts and meetings.get(key) is meeting:
             del meetings[key]
-        if not meetings:
+        self._forget_if_idle(run_id)
+
+    def _forget_if_idle(self, run_id: str) -> None:
+        """A run with no waiting request keeps nothing here but its epoch and the steps that
+        waited out of order (small, and needed until the run moves on)."""
+        if not self._runs.get(run_id):
             self._runs.pop(run_id, None)
+            nudge = self._nudges.pop(run_id, None)
+            if nudge is not None and not nudge.done():
+                nudge.cancel()
 
     def _incomplete(self, run_id: str, key: Key, meeting: _Meeting, party: str) -> ProblemError:
         """409 naming whom the request waited for: ``step-out-of-order`` for a step whose own
