@@ -671,6 +671,94 @@ def parties_cases() -> tuple[str, str, list[Case]]:
     return "Several feature parties", about, cases
 
 
+# The last calls of a run with two feature parties, each list in the order party B gets them.
+END_OF_RUN_ORDERS = {
+    "one finishes, the other evaluates first": [
+        ("left", "finish"), ("right", "evaluate"), ("right", "finish"),
+        ("left", "evaluate"), ("right", "evaluate"),
+    ],
+    "one evaluates and waits, the other finishes": [
+        ("right", "evaluate"), ("left", "finish"), ("right", "finish"),
+        ("left", "evaluate"), ("right", "evaluate"),
+    ],
+    "both evaluate and predict, then finish": [
+        ("left", "evaluate"), ("right", "evaluate"), ("left", "predict"),
+        ("right", "predict"), ("right", "finish"), ("left", "finish"),
+    ],
+    "one finishes, the other predicts first": [
+        ("left", "finish"), ("right", "predict"), ("right", "finish"),
+        ("right", "predict"), ("left", "predict"),
+    ],
+}  # fmt: skip
+
+
+# the meetings party B names these calls by (party_b.service: one split, one list of ids)
+MEETING_KEYS = {
+    "finish": ("finish",),
+    "evaluate": ("eval", "eval", "h"),
+    "predict": ("predict", "ids"),
+}
+
+
+def end_of_run_cases() -> tuple[str, str, list[Case]]:
+    """Party B's meetings (party_b.service.meetings) fed the calls one at a time."""
+    import asyncio
+
+    from party_b.errors import ProblemError
+    from party_b.service.meetings import Agenda, Meetings, Ticket
+
+    about = (
+        "The order of the last calls of a run with two feature parties (section 12.7): each "
+        "case lists the calls in the order party B receives them, each call waiting (as in a "
+        "meeting) until its answer; 'answers' gives, per call in that order, what it gets "
+        "('ok', or the problem type with its expected_call) and after which call it is "
+        "answered (its index in 'calls': a call that waits is answered when the last party's "
+        "call of its meeting arrives). Every order ends with the run finished and every "
+        "party's evaluation and prediction answered."
+    )
+
+    async def play(calls: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        meetings = Meetings()
+
+        async def inline(fn: Callable[[], Any]) -> Any:
+            return fn()
+
+        def agenda(kind: str) -> Agenda:
+            return Agenda(
+                kind, ("left", "right"), lambda parts: dict.fromkeys(parts, "ok"), wait=60
+            )
+
+        tasks: list[asyncio.Task[Any]] = []
+        answered_after: dict[int, int] = {}
+        for i, (party, kind) in enumerate(calls):
+            ticket = Ticket(MEETING_KEYS[kind], party, None, kind.encode(), agenda(kind))
+            tasks.append(asyncio.ensure_future(meetings.attend("run", ticket, inline, epoch=0)))
+            for _ in range(100):  # let every request run until it waits or is answered
+                await asyncio.sleep(0)
+            for j, task in enumerate(tasks):
+                if task.done() and j not in answered_after:
+                    answered_after[j] = i
+        answers = []
+        for j, task in enumerate(tasks):
+            try:
+                task.result()
+                answers.append({"answer": "ok", "after_call": answered_after[j]})
+            except ProblemError as problem:
+                slug = problem.type.value.rsplit(":", 1)[1]
+                expected = problem.extensions.get("expected_call")
+                answers.append(
+                    {"answer": slug, "expected_call": expected, "after_call": answered_after[j]}
+                )
+        return answers
+
+    cases = []
+    for name, calls in END_OF_RUN_ORDERS.items():
+        answers = asyncio.run(play(calls))
+        given = {"parties": ["left", "right"], "calls": [list(c) for c in calls]}
+        cases.append(_case(name, given, {"answers": answers}))
+    return "Recovery and the end of a run", about, cases
+
+
 TOPICS: dict[str, Topic] = {
     "hmac": hmac_cases,
     "sha_order": sha_order_cases,
@@ -688,6 +776,7 @@ TOPICS: dict[str, Topic] = {
     "requests": requests_cases,
     "psi": psi_cases,
     "parties": parties_cases,
+    "end_of_run": end_of_run_cases,
 }
 # Topics specified outside section 9 (Derived values): the part of PROTOCOL.md that holds them.
 PARTS = {
@@ -697,6 +786,7 @@ PARTS = {
     "requests": "Envelope and messages",
     "psi": "Section 8",
     "parties": "Section 12",
+    "end_of_run": "Section 12",
 }
 
 
