@@ -19,3 +19,14 @@ class PsiInfo(BaseModel):
         "hex keys) and 'keys' (POST /v1/runs/{id}/alignment/keys, msgpack key prefixes, "
         "docs/PROTOCOL.md 8.1); absent from a party B older than 'keys': json only",
     )
+    max_batch: int | None = Field(
+        default=None,
+        description="most rows (ids) one step, evaluate or predict request may hold "
+        "(FEDLITE_B_LIMIT_MAX_BATCH); a client sends a longer list of ids to predict in "
+        "requests of at most this many; absent from a party B older than it",
+    )
+    max_body_bytes: int | None = Field(
+        default=None,
+        description="largest request body party B reads (FEDLITE_B_LIMIT_MAX_BODY_BYTES); "
+        "absent from a party B older than it",
+    )

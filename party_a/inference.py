@@ -10,14 +10,16 @@ carries the frozen codebook and its codewords.
 """
 
 import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from torch import Tensor
 
+from api_schemas import ProblemType
 from party_a.alignment import AlignedData
 from party_a.bottom import BottomTrainer
-from party_a.errors import ConfigError
+from party_a.errors import ConfigError, ProblemResponse
 from party_a.features import FeatureTable
 from party_a.store import LocalRun, LocalStore
 from party_a.transport import Transport
@@ -26,7 +28,19 @@ from shared.alignment import hmac_ids
 from shared.pq.frozen import codebook_from_bytes, codebook_to_bytes
 from shared.schedule import batch_digest
 
-__all__ = ["RunView", "evaluate", "freeze_codebook", "predict", "save_codebook", "stored_codebook"]
+__all__ = [
+    "DEFAULT_IDS_PER_REQUEST",
+    "RequestBounds",
+    "RunView",
+    "check_ids",
+    "evaluate",
+    "freeze_codebook",
+    "predict",
+    "predict_stream",
+    "request_bounds",
+    "save_codebook",
+    "stored_codebook",
+]
 
 log = logging.getLogger("fedlite.party_a")
 
@@ -114,41 +128,152 @@ def evaluate(run: RunView, split: str, *, raw: bool) -> codec.EvaluateResponse:
     return codec.decode_evaluate_response(run.transport.evaluate(run.local.remote_id, body, split))
 
 
-def predict(
-    run: RunView, features: FeatureTable, common: set[str], ids: list[str], *, raw: bool
-) -> codec.PredictResponse:
-    """Scores for ``ids`` (party A's raw ids; they travel hashed under the run key).
+# ids per predict request unless party B's limit was asked for (GET /v1/psi): within every
+# default party B (whose FEDLITE_B_LIMIT_MAX_BATCH is 16,384); a party B with a lower limit
+# says so when refusing a request (422 limit-exceeded, limit max_batch), and the list is cut
+# again at that size
+DEFAULT_IDS_PER_REQUEST = 4096
 
-    Every id must be in ``features`` and in ``common``, the private set intersection with
-    party B. A score depends on its sample only: rows are quantized against the frozen
-    serving codebook (or, with ``raw``, not at all).
-    """
+
+@dataclass(frozen=True)
+class RequestBounds:
+    """How party A cuts a list of ids into predict requests."""
+
+    ids: int  # ids per request
+    body_bytes: int | None  # party B's max_body_bytes (None: not asked, or not said)
+
+
+def request_bounds(run: RunView, wanted: int | None = None, *, ask: bool) -> RequestBounds:
+    """Ids per predict request: ``wanted`` (``--chunk-size``), else with ``ask`` party B's
+    ``max_batch`` (one ``GET /v1/psi``: the whole-table command, where fewer, larger
+    requests pay for it), else ``DEFAULT_IDS_PER_REQUEST``; never more chunks of
+    ``batch_size`` rows than a message may hold. The feature parties of a run cut one list
+    the same way, so that their requests name the same ids."""
+    info = run.transport.psi_info() if ask else None
+    limit = info.max_batch if info is not None else None
+    bound = limit if limit is not None else DEFAULT_IDS_PER_REQUEST
+    if wanted is not None:
+        if wanted < 1:
+            raise ConfigError(f"--chunk-size must be at least 1, got {wanted}")
+        if limit is not None and wanted > limit:
+            raise ConfigError(
+                f"--chunk-size {wanted:,} is over party B's limit of {limit:,} ids per request "
+                "(its FEDLITE_B_LIMIT_MAX_BATCH): pass at most that, or leave --chunk-size out"
+            )
+        bound = wanted
+    ids = max(1, min(bound, run.batch_size * codec.DEFAULT_LIMITS.max_chunks))
+    return RequestBounds(ids=ids, body_bytes=info.max_body_bytes if info is not None else None)
+
+
+def check_ids(features: FeatureTable, common: set[str], ids: Sequence[str]) -> dict[str, int]:
+    """The feature-table row of each id; every id must be in ``features`` and in
+    ``common`` (the private set intersection with party B: only ids party B is known to hold
+    travel, hashed under a key party B knows)."""
+    if not ids:
+        raise ConfigError("no ids to score")
     index = features.index()
     unknown = [i for i in ids if i not in index]
     if unknown:
         raise ConfigError(f"{len(unknown)} ids are not in the feature table: {unknown[:5]}")
-    # Only ids party B is known to hold travel, hashed under a key party B knows.
     outside = [i for i in ids if i not in common]
     if outside:
         raise ConfigError(
             f"{len(outside)} ids are not in the private set intersection with party B: "
             f"{outside[:5]}"
         )
-    keys = hmac_ids(bytes.fromhex(run.local.alignment_key), ids)
+    return index
+
+
+class _TooLarge(Exception):
+    """A request that needs cutting to ``size`` ids (party B's limit, or half a body)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+def predict_stream(
+    run: RunView,
+    features: FeatureTable,
+    common: set[str],
+    ids: Sequence[str],
+    *,
+    raw: bool,
+    bounds: RequestBounds,
+) -> Iterator[codec.PredictResponse]:
+    """Scores for ``ids`` (party A's raw ids; they travel hashed under the run key), one
+    answer per request of at most ``bounds.ids`` ids, in order: memory holds one request's
+    activations and answer at a time, whatever the number of ids. A request party B finds
+    over its limits (422 ``limit-exceeded`` of ``max_batch``, 413) is cut to the size it
+    names (half, for a body) and the rest of the list follows at that size.
+
+    A score depends on its sample only: rows are quantized against the frozen serving
+    codebook (or, with ``raw``, not at all), so how the ids are cut into requests changes
+    no score.
+    """
+    index = check_ids(features, common, ids)
     if not raw:
         run.freeze_codebook()
-    x = run.data.x[[index[i] for i in ids]]
-    chunks = run.bottom.activations(x, chunk_size=run.batch_size, raw=raw)
-    rows = sum(codec.chunk_rows(chunks))
-    if rows != len(ids):
+    key = bytes.fromhex(run.local.alignment_key)
+    size, at = bounds.ids, 0
+    while at < len(ids):
+        part = list(ids[at : at + size])
+        try:
+            yield _predict_request(run, key, [index[i] for i in part], part, raw, bounds)
+        except _TooLarge as cut:
+            size = cut.size
+            continue
+        at += len(part)
+
+
+def _predict_request(
+    run: RunView, key: bytes, rows: list[int], ids: list[str], raw: bool, bounds: RequestBounds
+) -> codec.PredictResponse:
+    """One predict request for ``ids`` (feature-table ``rows``); ``_TooLarge`` when it must
+    be cut first."""
+    chunks = run.bottom.activations(run.data.x[rows], chunk_size=run.batch_size, raw=raw)
+    per_sample = sum(codec.chunk_rows(chunks)) // len(ids)
+    if per_sample != 1:
         raise ConfigError(
             f"predict gives one score per sample, but model {run.model!r} "
-            f"makes {rows // max(len(ids), 1)} activation rows per sample (one per token): "
-            "use evaluate for it"
+            f"makes {per_sample} activation rows per sample (one per token): use evaluate for it"
         )
     body = codec.encode_predict_request(
-        codec.PredictRequest(ids=[k.hex() for k in keys], chunks=chunks),
+        codec.PredictRequest(ids=[k.hex() for k in hmac_ids(key, ids)], chunks=chunks),
         codebook_dtype=run.bottom.codebook_dtype,
     )
-    answer = codec.decode_predict_response(run.transport.predict(run.local.remote_id, body))
-    return codec.PredictResponse(ids=list(ids), scores=answer.scores)
+    if bounds.body_bytes is not None and len(body) > bounds.body_bytes and len(ids) > 1:
+        raise _TooLarge(len(ids) // 2)  # raw activations of a wide cut layer: 4·d bytes a row
+    try:
+        answer = codec.decode_predict_response(run.transport.predict(run.local.remote_id, body))
+    except ProblemResponse as refused:
+        smaller = _size_named(refused, len(ids))
+        if smaller is None:
+            raise
+        raise _TooLarge(smaller) from None
+    return codec.PredictResponse(ids=ids, scores=answer.scores)
+
+
+def _size_named(refused: ProblemResponse, sent: int) -> int | None:
+    """The request size party B's refusal of ``sent`` ids asks for, if it asks for one."""
+    if refused.type == ProblemType.LIMIT_EXCEEDED and refused.extra.get("limit") == "max_batch":
+        value = refused.extra.get("value")
+        if isinstance(value, int) and 1 <= value < sent:
+            return value
+    if refused.type == ProblemType.PAYLOAD_TOO_LARGE and sent > 1:
+        return sent // 2
+    return None
+
+
+def predict(
+    run: RunView,
+    features: FeatureTable,
+    common: set[str],
+    ids: list[str],
+    *,
+    raw: bool,
+) -> codec.PredictResponse:
+    """Every score of ``predict_stream`` in one answer (the Python API's ``predict``)."""
+    bounds = request_bounds(run, ask=False)
+    answers = list(predict_stream(run, features, common, ids, raw=raw, bounds=bounds))
+    return codec.PredictResponse(ids=list(ids), scores=np.concatenate([a.scores for a in answers]))

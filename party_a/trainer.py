@@ -447,10 +447,15 @@ class PartyATrainer:
 
     def predict(self, ids: list[str], *, raw: bool = False) -> codec.PredictResponse:
         """Party B's scores for ``ids``, each independent of the others."""
+        return inference.predict(self.view(), self.features, self.common_ids(), ids, raw=raw)
+
+    def common_ids(self) -> set[str]:
+        """The ids of the feature table party B holds (the private set intersection, cached
+        in party A's state): the only ones predict may send."""
         common = known_intersection(
             self.features.ids, transport=self.transport, store=self.store, server=self.server
         )
-        return inference.predict(self.view(), self.features, set(common.intersection), ids, raw=raw)
+        return set(common.intersection)
 
     def finish(self) -> RunOut:
         assert self.local is not None

@@ -5,7 +5,6 @@ Each raises :class:`party_a.errors.FedliteError` (or ValueError / OSError) for
 """
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -273,28 +272,71 @@ def _json_number(value: object) -> object:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    """Scores for --ids, --ids-file or --all, in requests within party B's limits, written as
+    they come (``party_a.cli.scores``: --out resumes after an interruption)."""
+    from rich.console import Console
+
+    from party_a import inference
+    from party_a.cli.scores import ids_digest, open_sink, progress
+
+    listed = _listed_ids(args)
+    with session_from_args(args, create=False, serving=True) as (trainer, _remote):
+        common = trainer.common_ids()
+        ids = listed if listed is not None else _held_ids(trainer.features.ids, common)
+        view = trainer.view()
+        bounds = inference.request_bounds(view, args.chunk_size, ask=True)
+        job = {
+            "server": trainer.server,
+            "run": view.local.remote_id,
+            "step": view.step,
+            "raw": args.raw,
+            "ids": len(ids),
+            "ids_sha256": ids_digest(ids),
+        }
+        with open_sink(args.out, job, id_column=args.id_column) as sink:
+            if sink.done:
+                done, total = f"{sink.done:,}", f"{len(ids):,}"
+                phase("resuming %s: %s of %s ids scored already", args.out, done, total)
+            phase("scoring %s ids, at most %s a request", f"{len(ids):,}", f"{bounds.ids:,}")
+            todo = ids[sink.done :]
+            answers = inference.predict_stream(
+                view, trainer.features, common, todo, raw=args.raw, bounds=bounds
+            )
+            console = Console(stderr=True)
+            with progress(console, total=len(ids), done=sink.done) as advance:
+                for answer in answers:
+                    sink.write(answer.ids, answer.scores)
+                    advance(len(answer.ids))
+    return 0
+
+
+def _listed_ids(args: argparse.Namespace) -> list[str] | None:
+    """The ids of --ids and --ids-file (one a line), or None for --all; read before the
+    session, so that a missing file is told at once."""
     ids = [i for i in (args.ids or "").split(",") if i]
     if args.ids_file:
-        ids += [
-            line.strip() for line in Path(args.ids_file).read_text().splitlines() if line.strip()
-        ]
+        with open(args.ids_file) as lines:
+            ids += [line.strip() for line in lines if line.strip()]
+    if args.all:
+        if ids:
+            raise ConfigError("give --all or ids (--ids, --ids-file), not both")
+        return None
     if not ids:
-        raise ConfigError("give ids with --ids a,b,c or --ids-file FILE")
-    with session_from_args(args, create=False, serving=True) as (trainer, _remote):
-        phase("scoring %s ids", f"{len(ids):,}")
-        answer = trainer.predict(ids, raw=args.raw)
-    out = open(args.out, "w", newline="") if args.out else sys.stdout  # noqa: SIM115
-    try:
-        writer = csv.writer(out)
-        # the ids under the table's own id column name, so the scores join back onto it
-        header = [args.id_column, *[f"score_{c}" for c in range(answer.scores.shape[1])]]
-        writer.writerow(header)
-        for i, row in zip(answer.ids, answer.scores.tolist(), strict=True):
-            writer.writerow([i, *[f"{v:.6f}" for v in row]])
-    finally:
-        if out is not sys.stdout:
-            out.close()
-    return 0
+        raise ConfigError("give ids with --ids a,b,c or --ids-file FILE, or --all")
+    return ids
+
+
+def _held_ids(table_ids: list[str], common: set[str]) -> list[str]:
+    """--all: every id of the feature table that party B holds, in the table's order."""
+    ids = [i for i in table_ids if i in common]
+    if not ids:
+        raise ConfigError("party B holds none of the feature table's ids: nothing to score")
+    phase(
+        "--all: %s of the table's %s ids are at party B (the private set intersection)",
+        f"{len(ids):,}",
+        f"{len(table_ids):,}",
+    )
+    return ids
 
 
 # ====================================================================== finish / runs

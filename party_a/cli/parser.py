@@ -176,11 +176,32 @@ def _serving_parsers(sub: Any) -> None:
     )
     evaluate.set_defaults(func=commands.cmd_evaluate)
 
-    predict = _add(sub, "predict", help="party B's scores for given ids (a trained run)")
+    predict = _add(
+        sub,
+        "predict",
+        help="party B's scores for given ids, or a whole table (a trained run)",
+        description="Score ids in requests within party B's limits (its max_batch, or "
+        "--chunk-size), writing each answer as it comes. With --out, an interrupted run of "
+        "the same command resumes after the last complete request; FILE.parquet is written "
+        "as Parquet, anything else as CSV.",
+    )
     _session_flags(predict)
     predict.add_argument("--ids", help="comma-separated ids")
     predict.add_argument("--ids-file", type=Path, help="one id per line")
-    predict.add_argument("--out", type=Path, help="CSV to write (default stdout)")
+    predict.add_argument(
+        "--all",
+        action="store_true",
+        help="every id of --features that party B holds (the private set intersection)",
+    )
+    predict.add_argument(
+        "--out", type=Path, help="CSV or .parquet to write, resumably (default: CSV on stdout)"
+    )
+    predict.add_argument(
+        "--chunk-size",
+        type=int,
+        metavar="N",
+        help="ids per request (default: party B's limit, FEDLITE_B_LIMIT_MAX_BATCH)",
+    )
     predict.add_argument(
         "--raw",
         action="store_true",

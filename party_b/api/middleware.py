@@ -60,7 +60,11 @@ class BodyLimitMiddleware:
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = problem_response(
             ProblemType.PAYLOAD_TOO_LARGE,
-            f"request bodies are limited to {self.max_body_bytes} bytes on this server",
+            f"request bodies are limited to {self.max_body_bytes:,} bytes on this server "
+            "(max_body_bytes, FEDLITE_B_LIMIT_MAX_BODY_BYTES): send a smaller body, or ask "
+            "party B's operator to raise FEDLITE_B_LIMIT_MAX_BODY_BYTES",
+            limit="max_body_bytes",
+            value=self.max_body_bytes,
         )
         await response(scope, receive, send)
 

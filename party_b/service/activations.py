@@ -1,8 +1,9 @@
 """From the wire to z~: decoding a request's body and dequantizing its activation chunks.
 
 A body that does not decode is 400 ``malformed-message`` (the codec's message names the
-field); chunks that decode but do not fit the run (rows, width, quantizer, kind) are 422
-``shape-mismatch``.
+field), or 422 ``limit-exceeded`` naming the limit and its ``FEDLITE_B_LIMIT_*`` setting
+when what it declares is over one (``declared.over_limit``); chunks that decode but do not
+fit the run (rows, width, quantizer, kind) are 422 ``shape-mismatch``.
 """
 
 from collections.abc import Callable, Sequence
@@ -11,7 +12,9 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
+from api_schemas import ProblemType
 from party_b.errors import ProblemError
+from party_b.service.declared import over_limit
 from party_b.service.fusion import PartyPlan
 from party_b.settings import Limits
 from shared import codec
@@ -33,10 +36,19 @@ def decode_limits(limits: Limits) -> codec.DecodeLimits:
 
 
 def decode(decoder: Callable[..., M], body: bytes, limits: codec.DecodeLimits) -> M:
-    """``decoder(body)``; any malformed input is a 400 problem naming what is wrong."""
+    """``decoder(body)``; malformed input is a 400 problem naming what is wrong, a body over
+    a limit a 422 naming the limit and its setting."""
     try:
         return decoder(body, limits=limits)
     except codec.CodecError as exc:
+        over = over_limit(body, limits)
+        if over is not None:
+            limit, sentence = over
+            value = getattr(limits, limit)
+            detail = f"{sentence} (the decoder: {exc})"
+            raise ProblemError(
+                ProblemType.LIMIT_EXCEEDED, detail, limit=limit, value=value
+            ) from None
         raise ProblemError.malformed(str(exc)) from None
 
 

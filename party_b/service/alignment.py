@@ -138,6 +138,8 @@ class Alignment:
             size=len(self._ctx.labels.ids),
             max_ids=self._ctx.limits.max_aligned_ids,
             alignment_formats=["json"] if caller.party is not None else ["json", "keys"],
+            max_batch=self._ctx.limits.max_batch,
+            max_body_bytes=self._ctx.limits.max_body_bytes,
         )
 
     def psi(self, caller: Caller, body: bytes) -> bytes:

@@ -368,14 +368,20 @@ def test_messages_over_the_server_limits_get_a_clear_problem(
     too_many_codewords = msgpack.unpackb(fuzz_run.step_body(step + 1), raw=False)
     too_many_codewords["a"][0]["L"] = 17
 
-    # the answer names the field and this server's bound for it
-    for body, field, bound in [
-        (too_many_rows, "a[0].B", "64"),
-        (msgpack.packb(too_wide, use_bin_type=True), "a[0].d", "64"),
-        (msgpack.packb(too_many_codewords, use_bin_type=True), "a[0].L", "16"),
+    # the answer names the field, this server's bound for it and the setting that raises it
+    for body, field, bound, setting in [
+        (too_many_rows, "a[0].B", "64", "FEDLITE_B_LIMIT_MAX_BATCH"),
+        (msgpack.packb(too_wide, use_bin_type=True), "a[0].d", "64", "FEDLITE_B_LIMIT_MAX_DIM"),
+        (
+            msgpack.packb(too_many_codewords, use_bin_type=True),
+            "a[0].L",
+            "16",
+            "FEDLITE_B_LIMIT_MAX_L",
+        ),
     ]:
-        detail = problem(client.post(url, content=body, headers=MSGPACK), 400, "malformed-message")
+        detail = problem(client.post(url, content=body, headers=MSGPACK), 422, "limit-exceeded")
         assert field in detail["detail"] and bound in detail["detail"], detail
+        assert setting in detail["detail"], detail
     problem(
         client.post(url, content=b"\0" * (64 * 1024 + 1), headers=MSGPACK),
         413,
