@@ -46,13 +46,18 @@ Example (every table but [run] is optional)::
 
     [data]
     feature_columns = []         # default: every column but the id (and the client column)
-    standardize = true
+    standardize = true           # z-score the number columns (training rows' statistics)
     # group_column = "writer"    # the client of each row; the 'clients' schedule needs it
+    # categorical = ["branch"]   # categories whatever they hold (text and booleans are)
+    # numeric = ["score"]        # numbers (a word in them is an error naming the row)
+    # drop = ["name"]            # columns the run never reads
+    max_categories = 1000        # values a categorical column keeps, the most frequent
+    min_frequency = 5            # a value in fewer training rows joins the "other" bucket
 """
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -60,6 +65,10 @@ from api_schemas import BatchScheduleSpec, OptimizerSpec, QuantizerSpec, RunCrea
 from api_schemas.runs import PARTY_NAME
 from party_a.environment import ENVIRONMENT, check_environment
 from party_a.errors import ConfigError
+
+if TYPE_CHECKING:
+    from party_a.features import ColumnRules
+    from shared.preparation import PreparationSettings
 
 __all__ = ["ENVIRONMENT", "PartyAConfig", "check_environment", "load_config"]
 
@@ -123,6 +132,39 @@ class DataSection(_Strict):
     feature_columns: list[str] = Field(default_factory=list)
     standardize: bool = True
     group_column: str | None = None
+    # what a column is, whatever the file suggests (party_a.features): integer codes are
+    # categories, numbers stored as text are numbers; drop: columns the run never reads
+    categorical: list[str] = Field(default_factory=list)
+    numeric: list[str] = Field(default_factory=list)
+    drop: list[str] = Field(default_factory=list)
+    # a categorical column keeps its max_categories most frequent values seen in at least
+    # min_frequency training rows; the rest share an "other" bucket (shared.preparation)
+    max_categories: int = Field(default=1000, ge=1)
+    min_frequency: int = Field(default=5, ge=1)
+
+    def unset_preparation(self) -> set[str]:
+        """The keys added with categories that are at their defaults: a run's fingerprint
+        leaves them out, so that state directories from before them keep matching."""
+        defaults = DataSection()
+        keys = ("categorical", "numeric", "drop", "max_categories", "min_frequency")
+        return {k for k in keys if getattr(self, k) == getattr(defaults, k)}
+
+    def rules(self) -> "ColumnRules":
+        from party_a.features import ColumnRules
+
+        return ColumnRules(
+            feature_columns=tuple(self.feature_columns),
+            categorical=tuple(self.categorical),
+            numeric=tuple(self.numeric),
+            drop=tuple(self.drop),
+        )
+
+    def settings(self) -> "PreparationSettings":
+        from shared.preparation import PreparationSettings
+
+        return PreparationSettings(
+            max_categories=self.max_categories, min_frequency=self.min_frequency
+        )
 
 
 class PartyAConfig(_Strict):

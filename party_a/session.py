@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from party_a.errors import ConfigError, RunNotFound
 from party_a.phases import phase
@@ -113,9 +113,9 @@ def open_session(
         )
     )
     try:
-        # the table before torch: a wrong column is told in a second, not after the imports
-        columns = stored.transform["columns"] if stored else config.data.feature_columns
-        table = _features(features, id_column, columns or None, config)
+        # the table before torch: a wrong column is told in a second, not after the imports;
+        # a run that exists reads its own columns, with the types they had (its preparation)
+        table = _features(features, id_column, config, stored.transform if stored else None)
         config.check_model()  # the model registry: torch, which the trainer needs next
         from party_a.trainer import PartyATrainer  # torch
 
@@ -127,24 +127,32 @@ def open_session(
 
 
 def _features(
-    path: Path, id_column: str, columns: list[str] | None, config: "PartyAConfig"
+    path: Path, id_column: str, config: "PartyAConfig", stored: dict[str, Any] | None
 ) -> "FeatureTable":
-    """Party A's table, saying so (the first phase of a first contact)."""
-    from party_a.features import load_features
+    """Party A's table, saying so (the first phase of a first contact), with what was read
+    and inferred of each column, before any row is sent."""
+    from party_a.features import FeatureTransform, load_features
 
     phase("loading features from %s", path)
     started = time.perf_counter()
     table = load_features(
         path,
         id_column=id_column,
-        feature_columns=columns,
+        feature_columns=config.data.feature_columns,
         standardize=config.data.standardize,
         group_column=config.data.group_column,
+        rules=config.data.rules(),
+        settings=config.data.settings(),
+        expect=FeatureTransform.from_json(stored) if stored is not None else None,
     )
+    headline, columns = table.summary()
     phase(
-        "features: %s rows, %d columns (%.1f s); loading the model",
+        "features: %s rows, %d columns: %s (%.1f s); loading the model",
         f"{len(table.ids):,}",
-        table.x.shape[1],
+        table.x.shape[1] + len(table.categorical),
+        headline,
         time.perf_counter() - started,
     )
+    for line in columns:  # categories and missing values, before any row is sent
+        phase("  %s", line)
     return table

@@ -31,13 +31,13 @@ from party_a.errors import CheckpointNotFound, ConfigError, NotFound, RunNotFoun
 from party_a.features import FeatureTable
 from party_a.loop import LoopSettings, StepRecord, TrainSummary, run_steps
 from party_a.phases import phase
+from party_a.preparation import FeatureTransform, bottom_kwargs
 from party_a.store import LocalRun, LocalStep, LocalStore, PsiResult
 from party_a.transport import Transport
 from shared import codec
 from shared.accounting import raw_step_request_bytes
 from shared.devices import resolve_device
 from shared.models import cut_dim as model_cut_dim
-from shared.models import input_width_kwarg
 from shared.schedule import (
     SCHEDULE_VERSION,
     BatchSchedule,
@@ -78,19 +78,10 @@ class PartyATrainer:
         self.store = store
         self.server = server
         self.on_step = on_step
-        bottom_kwargs = dict(config.model.bottom)
-        width_kwarg = input_width_kwarg(config.run.model)
-        if width_kwarg is not None:
-            bottom_kwargs.setdefault(width_kwarg, features.x.shape[1])
-        self.cut_dim = model_cut_dim(config.run.model, **bottom_kwargs)
-        self.bottom = BottomTrainer(
-            model=config.run.model,
-            bottom_kwargs=bottom_kwargs,
-            quantizer=config.quantizer.model_dump(by_alias=True),
-            optimizer=config.optimizer.bottom.model_dump(),
-            seed=config.run.seed,
-            device=resolve_device(config.run.device),  # DeviceUnavailable: a ValueError
-        )
+        self.cut_dim = model_cut_dim(config.run.model, **config.model.bottom)
+        self.device = resolve_device(config.run.device)  # DeviceUnavailable: a ValueError
+        # built once the run's preparation is known (its width and categories): see bottom
+        self._bottom: BottomTrainer | None = None
         self.local: LocalRun | None = None
         self.step = 0
         self.data: AlignedData | None = None  # set by prepare()
@@ -105,6 +96,31 @@ class PartyATrainer:
     def run_id(self) -> str:
         assert self.local is not None, "call prepare() first"
         return self.local.remote_id
+
+    @property
+    def bottom(self) -> BottomTrainer:
+        """The bottom model of the run's prepared input: built from the fitted preparation
+        (``self.data.transform``, or the one stored with the run) when first asked for."""
+        if self._bottom is None:
+            self._bottom = BottomTrainer(
+                model=self.config.run.model,
+                bottom_kwargs=bottom_kwargs(
+                    self.config.run.model, dict(self.config.model.bottom), self._transform()
+                ),
+                quantizer=self.config.quantizer.model_dump(by_alias=True),
+                optimizer=self.config.optimizer.bottom.model_dump(),
+                seed=self.config.run.seed,
+                device=self.device,
+            )
+        return self._bottom
+
+    def _transform(self) -> FeatureTransform:
+        if self.data is not None:
+            return self.data.transform
+        stored = self.store.serving(self.local.id) if self.local is not None else None
+        if stored is None:
+            raise ConfigError("the run's preparation is fitted when it is aligned: prepare() first")
+        return FeatureTransform.from_json(stored.transform)
 
     @property
     def eval_pos(self) -> np.ndarray:
@@ -164,9 +180,9 @@ class PartyATrainer:
         if local.aligned_ids is None:
             raise ConfigError(f"run {local.name!r} was never aligned: run `fedlite-a train`")
         self.local = local
-        self._restore()
-        needs_split = self.bottom.pq and (
-            inference.stored_codebook(self.store, local.id, self.step) is None
+        steps = self.store.checkpoint_steps(local.id)  # the step _restore() will restore
+        needs_split = self.config.quantizer.mode == "pq" and (
+            inference.stored_codebook(self.store, local.id, steps[-1] if steps else 0) is None
         )
         if needs_split:
             self.schedule_version = self._get_run(local).config.schedule_version
@@ -179,6 +195,7 @@ class PartyATrainer:
             split=self._split if needs_split else _no_split,
             serving=True,
         )
+        self._restore()  # after the alignment: the bottom model is the preparation's
 
     def _local_run(self, *, create: bool) -> LocalRun | None:
         local = self.store.find_run(self.server, self.config.run.name)
@@ -229,6 +246,7 @@ class PartyATrainer:
         exclude: dict[str, Any] = {"run": unset}
         if self.config.quantizer.codewords == "packed":
             exclude["quantizer"] = {"codewords"}
+        exclude["data"] = self.config.data.unset_preparation()  # keys added for categories
         for side in ("bottom", "top"):  # AdaGrad's accumulator start and eps: torch's defaults
             spec = getattr(optimizers, side)
             added = {"initial_accumulator"} if spec.initial_accumulator == 0.0 else set()

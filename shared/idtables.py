@@ -12,7 +12,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-__all__ = ["IdTable", "TableError", "check_columns", "read_id_table", "table_columns"]
+__all__ = [
+    "IdTable",
+    "TableError",
+    "check_columns",
+    "check_ids",
+    "read_id_table",
+    "table_columns",
+]
 
 
 class TableError(ValueError):
@@ -125,7 +132,7 @@ def read_id_table(path: Path, *, id_column: str, columns: Sequence[str] | None =
     if id_column not in frame.columns:
         raise TableError(f"{path} has no id column {id_column!r}; columns: {list(frame.columns)}")
     ids = frame[id_column].astype(str).tolist()
-    _check_ids(ids, path)
+    check_ids(ids, path)
     columns_read = {str(c): frame[c].to_numpy() for c in frame.columns if c != id_column}
     return IdTable(ids=ids, columns=columns_read)
 
@@ -151,11 +158,12 @@ def _read_npz(path: Path, id_column: str) -> IdTable:
             else:
                 flat = array.reshape(len(ids), -1)
                 columns.update({f"{name}{j}": flat[:, j] for j in range(flat.shape[1])})
-    _check_ids(ids, path)
+    check_ids(ids, path)
     return IdTable(ids=ids, columns=columns)
 
 
-def _check_ids(ids: list[str], path: Path) -> None:
+def check_ids(ids: list[str], path: Path) -> None:
+    """TableError for a table without rows, with a duplicate id or an empty one."""
     if not ids:
         raise TableError(f"{path} has no rows")
     if len(set(ids)) != len(ids):

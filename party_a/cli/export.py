@@ -1,8 +1,9 @@
 """``fedlite-a export``: party A's half of a trained run, ready to serve without party A's
-trainer: the bottom model (torch.export program), the feature transform (columns, z-score),
-the quantizer config and the frozen serving codebook (see party_a.inference).
+trainer: the bottom model (torch.export program), the fitted preparation (columns, medians,
+z-score, vocabularies: ``party_a.preparation``), the quantizer config and the frozen serving
+codebook (see party_a.inference).
 
-Scoring from the export is what ``predict`` does: x -> transform -> bottom -> codewords
+Scoring from the export is what ``predict`` does: table -> preparation -> bottom -> codewords
 against the frozen codebook (or raw z), sent with HMAC(run key, id) to party B.
 """
 
@@ -14,8 +15,9 @@ import torch
 from party_a.config import PartyAConfig
 from party_a.errors import ConfigError
 from party_a.features import FeatureTransform
+from party_a.preparation import bottom_kwargs
 from party_a.store import LocalRun, LocalStore
-from shared.models import build_bottom, input_width_kwarg, takes_tokens
+from shared.models import build_bottom, takes_tokens
 from shared.models import cut_dim as model_cut_dim
 from shared.pq.frozen import save_program, write_export
 from shared.training import state_from_bytes
@@ -38,14 +40,11 @@ def export_run(store: LocalStore, local: LocalRun, out: Path) -> dict[str, Any]:
             "finish training (`fedlite-a train`) or run `fedlite-a evaluate` once, which "
             "freeze it"
         )
-    kwargs: dict[str, Any] = dict(config.model.bottom)
-    width = input_width_kwarg(config.run.model)
-    if width is not None:
-        kwargs.setdefault(width, len(transform.columns))
+    kwargs = bottom_kwargs(config.run.model, dict(config.model.bottom), transform)
     model = build_bottom(config.run.model, **kwargs)
     model.load_state_dict(state_from_bytes(checkpoint.model_state))
     tokens = takes_tokens(config.run.model)
-    example = torch.zeros((2, len(transform.columns)), dtype=torch.long if tokens else torch.float)
+    example = torch.zeros((2, transform.width), dtype=torch.long if tokens else torch.float)
     files = {"bottom.pt2": save_program(model, (example,))}
     if pq:
         assert serving.codebook is not None
@@ -57,6 +56,8 @@ def export_run(store: LocalStore, local: LocalRun, out: Path) -> dict[str, Any]:
         "model": config.run.model,
         "bottom": kwargs,
         "input": "int64 token ids" if tokens else "float32",
+        # the program's input columns: the transform's output (party_a.preparation)
+        "input_columns": transform.output_names(),
         "cut_dim": model_cut_dim(config.run.model, **kwargs),
         "transform": transform.to_json(),
         "quantizer": {

@@ -51,6 +51,7 @@ __all__ = [
     "build_seeded",
     "build_top",
     "bottom_kwargs",
+    "categories_kwarg",
     "cut_dim",
     "haiku_init_",
     "input_width_kwarg",
@@ -79,6 +80,8 @@ class _Spec:
     # what the parties fill in from their own data, and how party A feeds the bottom:
     output_kwarg: str = "num_classes"  # top kwarg party B sets to its label set's outputs
     input_width_kwarg: str | None = None  # bottom kwarg party A sets to its feature columns
+    # bottom kwarg party A sets to its categorical columns' codes (None: numbers only)
+    categories_kwarg: str | None = None
     token_input: bool = False  # the bottom takes integer token ids, not floats
 
 
@@ -95,12 +98,21 @@ _SPECS: dict[str, _Spec] = {
     "tabular_mlp": _Spec(
         task="classification",
         # in_features=20 is the host half of FATE's breast pair (party B holds the other 10)
-        bottom_defaults={"in_features": 20, "hidden": [64], "cut_dim": 32},
+        # categories: filled in by party A from its table's categorical columns
+        bottom_defaults={
+            "in_features": 20,
+            "hidden": [64],
+            "cut_dim": 32,
+            "categories": [],
+            "one_hot_max": 16,
+            "embedding_dim": 16,
+        },
         top_defaults={"hidden": [32], "num_classes": 2, "side_features": 0},
         make_bottom=TabularBottom,
         make_top=TabularTop,
-        cut_dim=lambda in_features, hidden, cut_dim: cut_dim,
+        cut_dim=lambda in_features, hidden, cut_dim, **_encoding: cut_dim,
         input_width_kwarg="in_features",
+        categories_kwarg="categories",
     ),
     "so_tag": _Spec(
         task="multilabel",
@@ -194,6 +206,12 @@ def output_kwarg(name: str) -> str:
 def input_width_kwarg(name: str) -> str | None:
     """The bottom kwarg that party A fills from its feature table's width, if any."""
     return _spec(name).input_width_kwarg
+
+
+def categories_kwarg(name: str) -> str | None:
+    """The bottom kwarg that party A fills with its categorical columns' codes, if the model
+    takes categorical columns at all."""
+    return _spec(name).categories_kwarg
 
 
 def takes_tokens(name: str) -> bool:

@@ -148,6 +148,7 @@ def test_needed_is_one_step_back_at_depth_one_and_drains_at_checkpoints() -> Non
 def test_every_forward_has_exactly_the_documented_staleness(tmp_path: Path, depth: int) -> None:
     parties = _Parties(tmp_path)
     trainer = parties.trainer("staleness", depth)
+    trainer.prepare()  # the bottom model is built from the run's fitted preparation
     seen: list[tuple[int, int]] = []
     request = trainer.bottom.request
 
@@ -156,7 +157,6 @@ def test_every_forward_has_exactly_the_documented_staleness(tmp_path: Path, dept
         return request(step, *args, **kwargs)
 
     trainer.bottom.request = spy  # type: ignore[method-assign]
-    trainer.prepare()
     trainer.train()
     assert seen == [(t, needed(t, depth, 6)) for t in range(1, STEPS + 1)]
     assert parties.applied(trainer) == list(range(1, STEPS + 1))

@@ -146,7 +146,8 @@ def _stored_before_versions(
             name=trainer.config.run.name,
             remote_id=run.id,
             # as written then: without the settings added since (pipelining, downlink,
-            # codeword coding, AdaGrad's options, the party of a run with several)
+            # codeword coding, AdaGrad's options, the party of a run with several, the
+            # typing of columns and their categories)
             config=trainer.config.model_dump(
                 mode="json",
                 by_alias=True,
@@ -154,6 +155,7 @@ def _stored_before_versions(
                     "run": {"pipeline_depth", "downlink", "device", "party"},
                     "quantizer": {"codewords"},
                     "optimizer": {s: {"initial_accumulator", "eps"} for s in ("bottom", "top")},
+                    "data": trainer.config.data.unset_preparation(),
                 },
             ),
             alignment_key=run.alignment_key,
