@@ -61,7 +61,13 @@ class RunLoader:
             if checkpoint is None:
                 raise ProblemError.internal(f"run {run_id} has no checkpoint")
             restore(trainer, checkpoint)
+            logged_to = store.last_logged_step(session, run_id)
             lost = store.forget_after(session, run_id, checkpoint.step)
+            # behind while the parties may be past the checkpoint: steps this load dropped,
+            # or an earlier load's that no step has replayed yet (two takeovers in a row)
+            mark = store.behind_mark(
+                session, run_id, loaded_at=checkpoint.step, dropped_to=logged_to if lost else None
+            )
             privacy = store.run_privacy(session, run_id)
             session.commit()
             state = self._state(run, spec, trainer)
@@ -70,11 +76,11 @@ class RunLoader:
                     PrivacyPolicy.from_stored(privacy.policy), privacy.secret
                 )
             state.commit(checkpoint.step, checkpoint.request_sha256, checkpoint.response)
-            state.lease, state.behind = lease, lost > 0
+            state.lease, state.behind = lease, mark > checkpoint.step
             log.info(
-                "run %s loaded at step %d (lease %d, %d logged steps past it dropped) in %.3f s: "
-                "model built %.3f s, lease claimed %.3f s",
-                run_id, checkpoint.step, lease, lost, time.perf_counter() - started,
+                "run %s loaded at step %d (lease %d, %d logged steps past it dropped, parties "
+                "up to step %d) in %.3f s: model built %.3f s, lease claimed %.3f s",
+                run_id, checkpoint.step, lease, lost, mark, time.perf_counter() - started,
                 built - started, claimed - built,
             )  # fmt: skip
             return state

@@ -7,6 +7,7 @@
     ledger.py       the privacy ledger: epsilon spent per run, budgets per token
     tokens.py       API tokens by name or hash, active or all; revoked hashes
     leases.py       which replica holds a run, fenced by a token (claim, fence, release)
+    takeovers.py    how far a run had gone before a load rolled it back (its "behind" mark)
     parties.py      runs with several feature parties: party tokens, traffic per party
     served.py       what ``fedlite-b serve`` last started with (the privacy of new runs)
 
@@ -65,6 +66,7 @@ from party_b.store.tables import (
     RunPrivacy,
     StepLog,
 )
+from party_b.store.takeovers import behind_mark, last_logged_step
 from party_b.store.tokens import (
     active_tokens,
     all_tokens,
@@ -94,6 +96,7 @@ __all__ = [
     "add_run",
     "add_run_privacy",
     "all_tokens",
+    "behind_mark",
     "checkpoint_steps",
     "claim",
     "copy_database",
@@ -103,6 +106,7 @@ __all__ = [
     "fence",
     "forget_after",
     "is_free",
+    "last_logged_step",
     "lease_of",
     "ledger_entry",
     "ledger_of",
