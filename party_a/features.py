@@ -24,7 +24,7 @@ import numpy as np
 from party_a.preparation import FeatureTransform
 from shared.idtables import TableError, table_columns
 from shared.preparation import ColumnSummary, PreparationSettings, summary_lines
-from shared.typedtables import Held, TextColumn, read_typed_table
+from shared.typedtables import Held, TextColumn, TypedTable, read_typed_table
 
 __all__ = ["ColumnRules", "FeatureTable", "FeatureTransform", "load_features"]
 
@@ -142,18 +142,7 @@ def load_features(
     )
     if every:
         names = [c for c in typed.held if c != group_column]
-    groups = None
-    if group_column is not None:
-        if group_column not in typed.text:
-            raise TableError(f"{path} has no client column {group_column!r}")
-        column = typed.text[group_column]
-        groups = [column.values[c] if c >= 0 else "" for c in column.codes.tolist()]
-    text = dict(typed.text)
-    if expect is not None:
-        _check_types(path, typed.held, text, expect)
-        for vocabulary in expect.categorical:  # a column of empty cells only: all missing
-            if vocabulary.name not in text:
-                text[vocabulary.name] = TextColumn(np.full(len(typed.ids), -1, np.int32), [])
+    text = _text_columns(path, typed, expect)
     numbers = [c for c in names if c not in text]
     where = {c: j for j, c in enumerate(typed.numeric_names)}
     x = typed.numeric
@@ -163,13 +152,37 @@ def load_features(
         ids=typed.ids,
         x=x,
         columns=numbers,
-        groups=groups,
+        groups=_groups(path, typed, group_column),
         standardize=standardize,
         categorical={c: text[c] for c in names if c in text},
         settings=settings or PreparationSettings(),
         declared=frozenset(rules.categorical) if expect is None else _declared(expect),
         held={c: typed.held[c] for c in names},
     )
+
+
+def _groups(path: Path, typed: TypedTable, group_column: str | None) -> list[str] | None:
+    """The client of every row, as text (None without a client column)."""
+    if group_column is None:
+        return None
+    if group_column not in typed.text:
+        raise TableError(f"{path} has no client column {group_column!r}")
+    column = typed.text[group_column]
+    return [column.values[c] if c >= 0 else "" for c in column.codes.tolist()]
+
+
+def _text_columns(
+    path: Path, typed: TypedTable, expect: FeatureTransform | None
+) -> dict[str, TextColumn]:
+    """The table's categorical columns; for a run that exists, checked against the types
+    they had (a column of empty cells only is all missing, whatever the file's type)."""
+    text = dict(typed.text)
+    if expect is not None:
+        _check_types(path, typed.held, text, expect)
+        for vocabulary in expect.categorical:
+            if vocabulary.name not in text:
+                text[vocabulary.name] = TextColumn(np.full(len(typed.ids), -1, np.int32), [])
+    return text
 
 
 def _chosen(

@@ -13,20 +13,48 @@ where each of the c categorical columns is one column of bucket codes (``shared.
 ``categories`` are the columns' ``size + 1`` codes (``bottom_kwargs``).
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from party_a.errors import ConfigError
 from party_a.phases import phase
 from shared.idtables import TableError
-from shared.preparation import NumericFit, Vocabulary
+from shared.preparation import NumericFit, PreparationSettings, Vocabulary
+from shared.typedtables import TextColumn
 
-if TYPE_CHECKING:
-    from party_a.features import FeatureTable
+__all__ = ["FeatureTransform", "Table", "bottom_kwargs"]
 
-__all__ = ["FeatureTransform", "bottom_kwargs"]
+
+class Table(Protocol):
+    """What a preparation reads of a feature table (``party_a.features.FeatureTable``)."""
+
+    @property
+    def ids(self) -> list[str]: ...
+
+    @property
+    def x(self) -> np.ndarray:
+        """(n, k) number columns, NaN for an empty cell."""
+        ...
+
+    @property
+    def columns(self) -> list[str]: ...
+
+    @property
+    def categorical(self) -> Mapping[str, TextColumn]: ...
+
+    @property
+    def standardize(self) -> bool: ...
+
+    @property
+    def settings(self) -> PreparationSettings: ...
+
+    @property
+    def declared(self) -> frozenset[str]: ...
+
+    def in_order(self, columns: list[str]) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -78,7 +106,7 @@ class FeatureTransform:
     # ------------------------------------------------------------------ fit and apply
 
     @classmethod
-    def fit(cls, table: "FeatureTable", rows: np.ndarray) -> "FeatureTransform":
+    def fit(cls, table: Table, rows: np.ndarray) -> "FeatureTransform":
         """The preparation of ``table`` with statistics over ``rows`` (the training rows)."""
         if len(table.columns) != table.x.shape[1]:
             # unnamed columns (token sequences built in code): fed to the model as they are
@@ -90,7 +118,16 @@ class FeatureTransform:
         )
         return cls(numeric=numeric, categorical=vocabularies)
 
-    def apply(self, table: "FeatureTable") -> np.ndarray:
+    @classmethod
+    def of_numbers(cls, table: Table) -> "FeatureTransform | None":
+        """The layout (not the statistics) that fitting a table of numbers without a
+        missing value gives, whatever its rows: its columns as they are; None for any other
+        table, whose layout the training rows decide (indicators, vocabularies)."""
+        if table.categorical or _any_missing(table.x):
+            return None
+        return cls(numeric=NumericFit(columns=list(table.columns)))
+
+    def apply(self, table: Table) -> np.ndarray:
         """(n, width) float32; a table of numbers only, none missing, with nothing to fit
         (token ids, unstandardized pixels) comes back as it is."""
         x = table.in_order(self.numeric.columns)

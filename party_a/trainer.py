@@ -115,12 +115,21 @@ class PartyATrainer:
         return self._bottom
 
     def _transform(self) -> FeatureTransform:
+        """The run's preparation: fitted (or stored) once the run is aligned; before that,
+        for a table of numbers without missing values, the one it will have (the same width,
+        no categories), so that the bottom model exists from the start, as it always did."""
         if self.data is not None:
             return self.data.transform
         stored = self.store.serving(self.local.id) if self.local is not None else None
-        if stored is None:
-            raise ConfigError("the run's preparation is fitted when it is aligned: prepare() first")
-        return FeatureTransform.from_json(stored.transform)
+        if stored is not None:
+            return FeatureTransform.from_json(stored.transform)
+        unfitted = FeatureTransform.of_numbers(self.features)
+        if unfitted is None:
+            raise ConfigError(
+                "a table with categories or missing values has the bottom model of its fitted "
+                "preparation, which the run's alignment fits: call prepare() first"
+            )
+        return unfitted
 
     @property
     def eval_pos(self) -> np.ndarray:

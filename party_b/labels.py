@@ -5,20 +5,31 @@ experiment harness can plug in other label sets (images, tags, next tokens) and 
 very same step code.
 """
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
-import pandas as pd
 import torch
 from torch import Tensor
 
-from shared.idtables import IdTable, TableError, check_columns, read_id_table
+from shared.idtables import TableError, check_columns
+from shared.preparation import (
+    ColumnSummary,
+    NumericFit,
+    PreparationSettings,
+    Vocabulary,
+    one_hot,
+    summary_lines,
+)
+from shared.typedtables import TextColumn, TypedTable, read_typed_table
 from shared.types import Task
 
 __all__ = ["LabelSource", "LabelTable", "load_label_table"]
+
+log = logging.getLogger("fedlite.party_b")
 
 
 class LabelSource(Protocol):
@@ -74,13 +85,20 @@ class LabelSource(Protocol):
 
 @dataclass(frozen=True)
 class LabelTable:
-    """A classification label column plus standardized feature columns, keyed by id.
+    """A classification label column plus prepared feature columns, keyed by id.
 
     labels:   (n,) int64 class index into ``classes``; -1 for a row without a label (a
               sample party B only serves: it can be scored, never trained or evaluated on)
-    features: (n, k) float32, z-scored per column with ``feature_mean`` / ``feature_scale``,
-              the statistics of the labeled rows (adding rows to serve changes nothing)
-    row_groups: the client of each row, when the table has a client column
+    classes:  the label values as text, numbers in numeric order, words alphabetically
+              ("bad" < "good"); score_i of a prediction is the probability of classes[i],
+              and with two classes the second is the positive class AUC ranks
+    features: (n, width) float32, party B's side columns prepared as party A's are
+              (``shared.preparation``, fitted on the labeled rows, so adding rows to serve
+              changes nothing): numbers z-scored, missing ones filled with the median plus
+              an indicator column, categories one-hot (the top model reads a dense matrix)
+    feature_mean, feature_scale: the z-score of a side table of numbers without missing
+              values (what ``fedlite-b export`` writes); None otherwise
+    side_preparation: the fitted preparation of the side columns (JSON)
     """
 
     row_ids: list[str]
@@ -92,6 +110,7 @@ class LabelTable:
     row_groups: list[str] | None = None
     feature_mean: list[float] | None = None
     feature_scale: list[float] | None = None
+    side_preparation: dict[str, Any] | None = None
 
     @property
     def ids(self) -> list[str]:
@@ -115,6 +134,16 @@ class LabelTable:
         return None if bool(mask.all()) else mask
 
     @property
+    def unlabeled(self) -> int:
+        """Rows without a label: left out of training and evaluation, still scored."""
+        return int((self.labels < 0).sum())
+
+    @property
+    def positive_class(self) -> str | None:
+        """The class of score_1 with two classes (AUC ranks by it); None with more."""
+        return self.classes[1] if len(self.classes) == 2 else None
+
+    @property
     def num_outputs(self) -> int:
         return len(self.classes)
 
@@ -136,73 +165,148 @@ def load_label_table(
     label_column: str,
     feature_columns: list[str] | None,
     group_column: str | None = None,
+    settings: PreparationSettings | None = None,
 ) -> LabelTable:
     """Read party B's table. ``feature_columns=None`` takes every column but id, label and
-    the client column ``group_column`` (needed only by the 'clients' batch schedule)."""
-    table = _read(path, id_column, label_column, feature_columns, group_column)
-    if label_column not in table.columns:
-        raise TableError(
-            f"{path} has no label column {label_column!r}; columns: {sorted(table.columns)}"
-        )
-    raw_labels = table.columns[label_column]
-    # an empty label is a row party B serves but cannot train on (a new customer)
-    has_label = ~np.asarray(pd.isna(raw_labels), dtype=bool)
-    values = [str(v) for v in raw_labels.tolist()]
-    classes = sorted({v for v, ok in zip(values, has_label, strict=True) if ok}, key=_numeric_first)
-    if len(classes) < 2:
-        raise TableError(f"{path}: label column {label_column!r} has fewer than 2 classes")
-    index = {c: i for i, c in enumerate(classes)}
-    labels = np.array(
-        [index[v] if ok else -1 for v, ok in zip(values, has_label, strict=True)], dtype=np.int64
-    )
-
-    groups = None
-    if group_column is not None:
-        if group_column not in table.columns:
-            raise TableError(f"{path} has no client column {group_column!r}")
-        groups = [str(v) for v in table.columns[group_column].tolist()]
+    the client column ``group_column`` (needed only by the 'clients' batch schedule). Labels
+    are read as text (``"good"``/``"bad"``, several classes, or numbers); a row with an empty
+    label is kept to be served, never trained on, and counted."""
+    header = _check_header(path, id_column, label_column, feature_columns, group_column)
     names = (
-        [c for c in table.columns if c not in (label_column, group_column)]
+        [c for c in header if c not in (id_column, label_column, group_column)]
         if feature_columns is None
         else list(feature_columns)
     )
     if label_column in names or (group_column is not None and group_column in names):
         raise TableError("the label and client columns cannot also be feature columns")
-    raw = table.matrix(names)  # float32, as the statistics and their arithmetic
-    fitted = raw[has_label] if len(names) else np.zeros((1, 0), np.float32)
-    mean = fitted.mean(axis=0)
-    std = fitted.std(axis=0)
-    scale = np.where(std > 0, std, np.float32(1.0))
-    return LabelTable(
+    texts = [label_column, *([group_column] if group_column else [])]
+    table = read_typed_table(path, id_column=id_column, columns=[*texts, *names], as_text=texts)
+    labels, classes = _classes(path, label_column, table.text[label_column])
+    groups = None
+    if group_column is not None:
+        column = table.text[group_column]
+        groups = [column.values[c] if c >= 0 else "" for c in column.codes.tolist()]
+    side = _prepare_side(table, names, np.flatnonzero(labels >= 0), settings)
+    result = LabelTable(
         row_ids=table.ids,
         labels=labels,
         classes=classes,
-        features=((raw - mean) / scale).astype(np.float32),
+        features=side.features,
         feature_names=names,
         row_groups=groups,
-        feature_mean=mean.tolist(),
-        feature_scale=scale.tolist(),
+        feature_mean=side.mean,
+        feature_scale=side.scale,
+        side_preparation=side.preparation,
     )
+    _say_what_was_read(path, label_column, result, side.summary)
+    return result
 
 
-def _read(
+def _check_header(
     path: Path,
     id_column: str,
     label_column: str,
     feature_columns: list[str] | None,
     group_column: str | None,
-) -> IdTable:
-    """The table's header first (a wrong column name is told before the rows are read),
-    then the columns party B uses (all of them when no feature columns are named)."""
+) -> list[str]:
+    """The table's header, checked before any row is read: a wrong column name is told at
+    once, with the closest one the header has."""
     required = {id_column: "id column", label_column: "label column"}
     required |= {group_column: "client column"} if group_column else {}
     required |= dict.fromkeys(feature_columns or (), "feature column")
-    check_columns(path, required)
-    return read_id_table(
-        path,
-        id_column=id_column,
-        columns=None if feature_columns is None else [c for c in required if c != id_column],
+    header = check_columns(path, required)
+    if header is None:  # an .npz: its arrays' columns
+        header = [id_column, *read_typed_table(path, id_column=id_column).held]
+    return header
+
+
+def _classes(path: Path, label_column: str, column: TextColumn) -> tuple[np.ndarray, list[str]]:
+    """(n,) int64 class of every row (-1: no label) and the classes, in their order."""
+    present = np.unique(column.codes[column.codes >= 0])
+    classes = sorted({column.values[c] for c in present.tolist()}, key=_numeric_first)
+    if len(classes) < 2:
+        raise TableError(f"{path}: label column {label_column!r} has fewer than 2 classes")
+    index = {c: i for i, c in enumerate(classes)}
+    lookup = np.array([index.get(v, -1) for v in column.values] + [-1], dtype=np.int64)
+    return lookup[column.codes], classes  # code -1 (empty) reads the last entry: -1
+
+
+@dataclass(frozen=True)
+class _Side:
+    features: np.ndarray  # (n, width) float32
+    mean: list[float] | None
+    scale: list[float] | None
+    preparation: dict[str, Any]
+    summary: tuple[str, list[str]]
+
+
+def _prepare_side(
+    table: TypedTable, names: list[str], labeled: np.ndarray, settings: PreparationSettings | None
+) -> _Side:
+    """Party B's side columns prepared with statistics of the labeled rows (the arithmetic
+    of releases that knew numbers only, for a table of numbers without missing values)."""
+    numbers = [c for c in names if c not in table.text]
+    where = {c: j for j, c in enumerate(table.numeric_names)}
+    x = table.numeric[:, [where[c] for c in numbers]] if numbers else table.numeric[:, :0]
+    numeric = NumericFit.fit(x, labeled, numbers, standardize=True)
+    vocabularies = [
+        Vocabulary.fit(c, table.text[c], labeled, settings or PreparationSettings())
+        for c in names
+        if c in table.text
+    ]
+    widths = [numeric.width, *(v.size for v in vocabularies)]
+    features = np.empty((len(table.ids), sum(widths)), dtype=np.float32)
+    numeric.apply_into(x, features)
+    at = numeric.width
+    for vocabulary in vocabularies:
+        codes, _outside, _empty = vocabulary.encode(table.text[vocabulary.name])
+        features[:, at : at + vocabulary.size] = one_hot(codes, vocabulary.size)
+        at += vocabulary.size
+    plain = not vocabularies and not numeric.indicators
+    summary = summary_lines(
+        [
+            ColumnSummary(
+                name=c,
+                kind="categorical" if c in table.text else "numeric",
+                held=table.held[c],
+                declared=False,
+                distinct=len(table.text[c].values) if c in table.text else None,
+                missing=table.text[c].missing()
+                if c in table.text
+                else int(np.isnan(x[:, numbers.index(c)]).sum()),
+            )
+            for c in names
+        ]
     )
+    return _Side(
+        features=features,
+        mean=numeric.mean if plain else None,
+        scale=numeric.scale if plain else None,
+        preparation=numeric.to_json() | {"categorical": [v.to_json() for v in vocabularies]},
+        summary=summary,
+    )
+
+
+def _say_what_was_read(
+    path: Path, label_column: str, table: LabelTable, side: tuple[str, list[str]]
+) -> None:
+    """Party B's log at start-up: the classes and which is positive, the rows without a
+    label, and the side columns as typed."""
+    classes = ", ".join(f"{c!r} = {i}" for i, c in enumerate(table.classes))
+    positive = table.positive_class
+    log.info(
+        "labels %s, column %r: classes %s%s; %s rows without a label (served, never trained "
+        "or evaluated on)",
+        path,
+        label_column,
+        classes,
+        f" (positive class {positive!r}: score_1 and AUC)" if positive is not None else "",
+        f"{table.unlabeled:,}",
+    )
+    headline, lines = side
+    log.info("side features: %s", headline)
+    for line in lines:
+        log.info("  %s", line)
 
 
 def _numeric_first(value: str) -> tuple[int, float, str]:

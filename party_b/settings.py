@@ -53,6 +53,14 @@ class Limits(BaseSettings):
         description="floats of top-model activations per step: rows per step x (cut_dim + "
         "the sum of the top model's sizes)",
     )
+    epsilon_budget: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="label-DP epsilon a token's runs may spend in all, unless the operator "
+        "gave it its own budget (fedlite-b token budget); default: two label draws at the "
+        "epsilon new runs get; 0: none (docs/PRIVACY.md 2.4)",
+    )
 
 
 class Settings(BaseSettings):

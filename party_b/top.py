@@ -28,7 +28,14 @@ from shared.models import build_seeded, build_top, seed_dropout
 from shared.training import make_optimizer, state_from_bytes, state_to_bytes
 from shared.types import Task
 
-__all__ = ["DivergedError", "EvalOutcome", "OutputNotFinite", "StepOutcome", "TopTrainer"]
+__all__ = [
+    "DivergedError",
+    "EvalOutcome",
+    "OutputNotFinite",
+    "StepOutcome",
+    "TopTrainer",
+    "forward_corrected",
+]
 
 IGNORE = -100  # sequence targets with this value (padding) take no part in loss or accuracy
 
@@ -105,29 +112,46 @@ class TopTrainer:
         return outcome
 
     def compute_step(
-        self, z_tilde: Tensor, targets: Tensor, side: Tensor | None, *, dropout_seed: int
+        self,
+        z_tilde: Tensor,
+        targets: Tensor,
+        side: Tensor | None,
+        *,
+        dropout_seed: int,
+        keep: float | None = None,
     ) -> StepOutcome:
         """Forward and backward of one step: the loss, metrics and d loss / d z~ (rows, d).
 
-        Leaves the parameters' gradients for ``apply_step`` and changes nothing else: not the
-        parameters, not the optimizer's state (the model has no buffers). Raises
-        ``DivergedError`` for a non-finite loss or gradient. Runs on the step's intra-op
-        threads (``shared.threads``: from its size and the cores, or the operator's).
+        ``keep``: class targets that are randomized responses (label DP), each the true
+        class with this probability and otherwise another uniformly; the loss is then
+        forward-corrected for it (``forward_corrected``). Leaves the parameters' gradients
+        for ``apply_step`` and changes nothing else: not the parameters, not the optimizer's
+        state (the model has no buffers). Raises ``DivergedError`` for a non-finite loss or
+        gradient. Runs on the step's intra-op threads (``shared.threads``: from its size and
+        the cores, or the operator's).
         """
         self._computed = False
         self._step_threads = self._threads(z_tilde, side)
         with threads.intra_op(self._step_threads):
-            return self._compute(z_tilde, targets, side, dropout_seed)
+            return self._compute(z_tilde, targets, side, dropout_seed, keep)
 
     def _compute(
-        self, z_tilde: Tensor, targets: Tensor, side: Tensor | None, dropout_seed: int
+        self,
+        z_tilde: Tensor,
+        targets: Tensor,
+        side: Tensor | None,
+        dropout_seed: int,
+        keep: float | None,
     ) -> StepOutcome:
         self.model.train()
         seed_dropout(self.model, dropout_seed)
         z = z_tilde.detach().to(self.device).requires_grad_(True)
         targets, side = self._on_device(targets, side)
         logits = self.model(z, side)
-        loss, n = self._loss(logits, targets)
+        if keep is not None and self.task == "classification":
+            loss, n = forward_corrected(logits, targets, keep), int(logits.shape[0])
+        else:
+            loss, n = self._loss(logits, targets)
         self.optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(loss)
         assert z.grad is not None
@@ -251,3 +275,19 @@ class TopTrainer:
             logits = logits.index_fill(1, self.prediction_excludes, float("-inf"))
         correct = (logits.argmax(1) == targets) & mask
         return {"accuracy": float(correct.sum()) / float(mask.sum())}
+
+
+def forward_corrected(logits: Tensor, targets: Tensor, keep: float) -> Tensor:
+    """Mean over rows of -log P(target) where the target is a randomized response of the
+    true class: P(target) = keep * p_target + (1 - keep) / (C - 1) * (1 - p_target), ``p``
+    the model's softmax over the (rows, C) ``logits`` (Patrini et al., "Making deep neural
+    networks robust to label noise: a loss correction approach", CVPR 2017).
+
+    Minimised where ``p`` is the true labels' posterior, so the model learns the true
+    classes from randomized ones; and a row whose randomized label the model confidently
+    contradicts pulls on it less and less (the loss is bounded by -log((1 - keep) / (C - 1))),
+    instead of the model memorising the flip."""
+    classes = int(logits.shape[1])
+    other = (1.0 - keep) / (classes - 1)
+    p = torch.softmax(logits, dim=1).gather(1, targets[:, None])[:, 0]
+    return -torch.log(other + (keep - other) * p).mean()

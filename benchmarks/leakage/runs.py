@@ -231,7 +231,8 @@ def train_recorded(run: LeakRun, workdir: Path) -> Recorded:
     service, caller = in_process_party_b(
         labels,
         workdir / "party_b.sqlite",
-        limits=EXPERIMENT_LIMITS,
+        # no default budget: one token makes every setting's runs, each setting a draw
+        limits=EXPERIMENT_LIMITS.model_copy(update={"epsilon_budget": 0.0}),
         privacy=parse_policy(run.privacy),
     )
     inner = InProcessTransport(service, caller, problem=problem_from_body)

@@ -21,6 +21,7 @@ from party_b.dashboard.compression import RawBaseline
 from party_b.dashboard.health import RouteLatency, latency_by_route, memory_bytes
 from party_b.errors import ProblemError
 from party_b.privacy.accounting import run_privacy_json
+from party_b.privacy.policy import default_budget
 from party_b.service import Service
 from party_b.store import overview
 from party_b.store import parties as party_store
@@ -187,7 +188,14 @@ class Reports:
                 | {"metrics": e.metrics, "created_at": overview.as_utc(e.created_at)}
                 for e in store.eval_results(session, run_id)
             ]
-            privacy = run_privacy_json(session, run_id, found[0][0].owner_id)
+            privacy = run_privacy_json(
+                session,
+                run_id,
+                found[0][0].owner_id,
+                default_budget=default_budget(
+                    self._service.context.limits.epsilon_budget, self._service.context.privacy
+                ),
+            )
             parties = _parties(config, party_store.party_traffic(session, run_id))
         raw = self._baseline.per_step(config)
         rate, step_ms = _recent_rate(recent)

@@ -3,6 +3,7 @@
     fedlite-b serve                      the HTTP(S) service (every flag is also FEDLITE_B_<FLAG>)
     fedlite-b token issue|revoke|list    API tokens (issue refuses an existing name: --rotate)
     fedlite-b token budget --name N      a token's label-DP spend, and its cap (--epsilon X)
+    fedlite-b privacy draws|redraw       the label tables' draws of randomized labels
     fedlite-b db backup --to FILE        online backup of the SQLite file, safe while serving
     fedlite-b db copy --from URL --to URL   move the state to another database (B stopped)
     fedlite-b runs list|show ID|delete ID   every caller's runs (delete: party B stopped)
@@ -468,6 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
     from party_b.ops.audit_admin import add_audit_parser
 
     add_audit_parser(sub, _add, _storage_flags)
+    from party_b.ops.budget_admin import add_privacy_parser
+
+    add_privacy_parser(sub, _add, _storage_flags)
     export = _add(
         sub,
         "export",
@@ -502,6 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             getattr(args, "db_command", None),
             getattr(args, "runs_command", None),
             getattr(args, "parties_command", None),
+            getattr(args, "privacy_command", None),
         )
         if c
     )

@@ -11,6 +11,7 @@ import json
 
 from party_b import store
 from party_b.ops.admin import existing_database
+from party_b.ops.budget_admin import served_default_budget
 from party_b.ops.maintenance import MaintenanceError
 from party_b.privacy.accounting import run_privacy_json
 from party_b.settings import settings_from_flags
@@ -37,7 +38,8 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
 def cmd_runs_show(args: argparse.Namespace) -> int:
     """One run as JSON: config, status, sizes, checkpoints, steps logged, evaluations, its
     label privacy (policy, epsilon spent) and its owner's spend and budget."""
-    engine = make_engine(existing_database(settings_from_flags(args)))
+    settings = settings_from_flags(args)
+    engine = make_engine(existing_database(settings))
     try:
         with make_session_factory(engine)() as session:
             found = runs_with_owners(session, limit=1, run_id=args.run)
@@ -58,7 +60,12 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
                     {"step": e.step, "split": e.split, "n": e.n, "loss": e.loss, **e.metrics}
                     for e in store.eval_results(session, run.id)
                 ],
-                **run_privacy_json(session, run.id, run.owner_id),
+                **run_privacy_json(
+                    session,
+                    run.id,
+                    run.owner_id,
+                    default_budget=served_default_budget(session, settings),
+                ),
                 "config": run.config,
             }
     finally:

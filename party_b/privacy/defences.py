@@ -1,7 +1,7 @@
 """The defences of a ``PrivacyPolicy``, each a pure function of its inputs and a seed.
 
 Nothing here draws from a global random state: the gradient noise of step t comes from
-``step_seed(run seed, t, "privacy")`` and a row's randomized label from (run seed, label row),
+``step_seed(run seed, t, "privacy")`` and a row's randomized label from (seed, row key),
 so a step recomputed after a rollback or a restart gets the same bytes (bit-identical resume)
 and the same row keeps the same randomized label in every epoch (which is what makes the
 randomized response eps-label-DP over the whole run, not once per epoch).
@@ -32,7 +32,9 @@ def _splitmix64(x: Any) -> Any:
 
 
 def row_uniforms(seed: int, rows: np.ndarray, stream: int) -> np.ndarray:
-    """(n,) float64 in [0, 1): one fixed draw per (seed, label row, stream)."""
+    """(n,) float64 in [0, 1): one fixed draw per (seed, row key, stream); a row key is the
+    sample's id code under its table's label draw (``draws.id_codes``), or its row in the
+    label source for a run that draws its own labels."""
     key = _splitmix64(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) ^ np.uint64(stream * 0x5851F42D))
     h = _splitmix64(rows.astype(np.uint64) ^ key)
     uniforms: np.ndarray = (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
@@ -44,7 +46,7 @@ def randomized_labels(
 ) -> Tensor:
     """Randomized response on class labels (n,) int64: each label stays with probability
     e^eps / (e^eps + C - 1), otherwise becomes one of the C - 1 other classes uniformly.
-    ``rows`` (n,): the samples' rows in party B's label source, which fix their draws."""
+    ``rows`` (n,): the samples' row keys (``row_uniforms``), which fix their draws."""
     keep_p = math.exp(epsilon) / (math.exp(epsilon) + num_classes - 1)
     keep = row_uniforms(seed, rows, 1) < keep_p
     # another class: shift by 1..C-1, uniformly

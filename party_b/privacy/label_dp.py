@@ -1,11 +1,12 @@
-"""Label differential privacy by randomized response, once per run: the run's labels.
+"""Label differential privacy by randomized response, once per label table: a run's labels.
 
-Party B replaces every label of its table, once per run, by a randomized response
+Party B replaces every label of its table by a randomized response
 (``defences.randomized_labels``): the label stays with probability e^eps / (e^eps + C - 1)
-and otherwise becomes one of the other C - 1 classes, uniformly. The draw of a row depends
-only on the run's secret and the row (never on the step, the batch or party A's seed), so a
-row keeps one randomized label for the whole run, in every epoch and after every restart
-(bit-identical recovery), and party A cannot reproduce it.
+and otherwise becomes one of the other C - 1 classes, uniformly. An id's draw depends only
+on the key of its table's label draw and the id (``draws``: never on the run, the step, the
+batch or party A's seed), so an id keeps one randomized label in every run on the table, in
+every epoch and after every restart (bit-identical recovery), and party A cannot reproduce
+it. A run created before label draws existed draws from its own secret by row, as it did.
 
 With ``prior_fraction`` > 0 a held-aside share of the rows gets that randomized response and
 every other row RRWithPrior at the same epsilon, its prior fitted on the held-aside rows'
@@ -17,7 +18,9 @@ so the whole run is eps-label-DP whatever party A sends and however many steps i
 (docs/PRIVACY.md, section 2, states the guarantee and how runs compose).
 """
 
+import hashlib
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,6 +28,7 @@ import torch
 from torch import Tensor
 
 from party_b.privacy.defences import randomized_labels, row_uniforms
+from party_b.privacy.draws import id_codes
 from party_b.privacy.prior import prior_of, rr_with_prior
 from party_b.privacy.secret import RunPrivacy
 
@@ -57,14 +61,18 @@ def run_targets(
     labels: "LabelSource | None" = None,
 ) -> Tensor:
     """The labels of ``rows`` (n,) as the run sees them: randomized under label DP (one draw
-    per row and run), ``targets`` (n,) themselves otherwise. ``labels``: party B's label
-    source, which RRWithPrior's prior is fitted on (``prior_fraction``)."""
+    per id and label table, or per row and run for a run created before label draws),
+    ``targets`` (n,) themselves otherwise. ``labels``: party B's label source, whose ids key
+    a table draw's labels and whose features RRWithPrior's prior is fitted on; needed under
+    label DP but for those older runs without ``prior_fraction``."""
     policy = privacy.policy
     epsilon = policy.label_epsilon
     if epsilon is None:
         return targets
-    seed = privacy.seed(0, "label-dp")
-    plain = randomized_labels(targets, rows, epsilon=epsilon, num_classes=num_classes, seed=seed)
+    draw = _Draws.of(privacy, labels)
+    plain = randomized_labels(
+        targets, draw.keys(rows), epsilon=epsilon, num_classes=num_classes, seed=draw.seed
+    )
     if not policy.prior_fraction:
         return plain
     if labels is None:
@@ -73,17 +81,48 @@ def run_targets(
 
     def held_aside() -> tuple[np.ndarray, np.ndarray]:
         every = np.arange(len(source.ids))
-        chosen = row_uniforms(seed, every, 3) < policy.prior_fraction
+        chosen = row_uniforms(draw.seed, draw.keys(every), 3) < policy.prior_fraction
         if source.labeled is not None:
             chosen &= source.labeled
         fit = every[chosen]
         randomized = randomized_labels(
-            source.targets(fit), fit, epsilon=epsilon, num_classes=num_classes, seed=seed
-        )
+            source.targets(fit), draw.keys(fit), epsilon=epsilon, num_classes=num_classes,
+            seed=draw.seed,
+        )  # fmt: skip
         return fit, randomized.numpy()
 
-    held = row_uniforms(seed, rows, 3) < policy.prior_fraction
-    prior = prior_of(privacy.secret, source, rows, held_aside)
-    draws = (row_uniforms(seed, rows, 4), row_uniforms(seed, rows, 5))
+    keys = draw.keys(rows)
+    held = row_uniforms(draw.seed, keys, 3) < policy.prior_fraction
+    prior = prior_of(draw.identity, source, rows, held_aside)
+    draws = (row_uniforms(draw.seed, keys, 4), row_uniforms(draw.seed, keys, 5))
     with_prior = rr_with_prior(targets.numpy().astype(np.int64), prior, draws, epsilon)
     return torch.from_numpy(np.where(held, plain.numpy(), with_prior).astype(np.int64))
+
+
+@dataclass(frozen=True)
+class _Draws:
+    """Where a run's random label draws come from: a seed, the value each row's draws are
+    keyed by, and what identifies the draw (RRWithPrior's prior is cached by it)."""
+
+    seed: int
+    identity: bytes
+    source: "LabelSource | None"
+    key: bytes | None  # the table draw's key; None: the run's own draws, keyed by row
+
+    @classmethod
+    def of(cls, privacy: RunPrivacy, labels: "LabelSource | None") -> "_Draws":
+        key = privacy.label_key
+        if key is None:  # a run created before label draws: by row, from its own secret
+            return cls(privacy.seed(0, "label-dp"), privacy.secret, labels, None)
+        if labels is None:
+            raise ValueError("a run's table draw keys its labels by id: pass the label source")
+        seed = int.from_bytes(hashlib.sha256(key + b"label-dp").digest()[:8], "big") >> 1
+        return cls(seed, key, labels, key)
+
+    def keys(self, rows: np.ndarray) -> np.ndarray:
+        """(n,) the value the draws of each of ``rows`` are keyed by: its id's code under
+        the table draw's key, or (a run's own draws) the row itself."""
+        if self.key is None:
+            return rows
+        assert self.source is not None
+        return id_codes(self.key, self.source.ids, rows)

@@ -57,6 +57,11 @@ Fields (docs/PRIVACY.md measures what each costs):
   for all but this share of the rows, which are held aside, get plain randomized response,
   and give the others their prior: a regression of their randomized labels on party B's own
   feature columns (``party_b.privacy.prior``). The same epsilon; measured in docs/PRIVACY.md.
+- ``forward_loss``: under label DP, the top model trains on the loss corrected for the
+  randomization's known flip rate (``party_b.top.forward_corrected``; Patrini et al. 2017):
+  the model then estimates the true labels' posterior and stops memorising flipped labels.
+  Post-processing of the randomized labels: the same epsilon. Plain randomized response
+  only: a ``prior_fraction`` override turns the preset's ``forward_loss`` off.
 - ``predict_train_ids``: whether ``predict`` answers for ids of the run's training split.
   Unset (the default) means: yes under label DP, whose guarantee covers the model's outputs
   (post-processing), no otherwise (the scores of a model on the rows it was trained on are
@@ -68,7 +73,15 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal, cast
 
-__all__ = ["DEFAULT_PRESET", "METRICS_POLICIES", "PRESETS", "PrivacyPolicy", "parse_policy"]
+__all__ = [
+    "DEFAULT_BUDGET_DRAWS",
+    "DEFAULT_PRESET",
+    "METRICS_POLICIES",
+    "PRESETS",
+    "PrivacyPolicy",
+    "default_budget",
+    "parse_policy",
+]
 
 MetricsPolicy = Literal["all", "loss", "none"]
 METRICS_POLICIES: tuple[MetricsPolicy, ...] = ("all", "loss", "none")
@@ -87,6 +100,7 @@ class PrivacyPolicy:
     centred: bool = False  # the noise sums to zero over the batch
     label_epsilon: float | None = None  # randomized response; None = labels as they are
     prior_fraction: float = 0.0  # RRWithPrior: share of rows held aside for its prior; 0 = RR
+    forward_loss: bool = False  # label DP: the top's loss corrected for the known flip rate
     predict_train_ids: bool | None = None  # None: allowed exactly under label DP
 
     def __post_init__(self) -> None:
@@ -110,6 +124,12 @@ class PrivacyPolicy:
             raise ValueError(f"prior_fraction must be a number from 0 to below 1, not {fraction!r}")
         if fraction and eps is None:
             raise ValueError("prior_fraction (RRWithPrior) needs label_epsilon")
+        if self.forward_loss and (eps is None or fraction):
+            raise ValueError(
+                "forward_loss corrects the loss for plain randomized response: it needs "
+                "label_epsilon, and RRWithPrior's rows have no common flip rate (with "
+                "prior_fraction give forward_loss=false)"
+            )
         if self.predict_train_ids not in (None, True, False):
             raise ValueError(
                 f"predict_train_ids is true, false or unset, not {self.predict_train_ids!r}"
@@ -183,17 +203,35 @@ class PrivacyPolicy:
             parts.append(f"label_epsilon={self.label_epsilon:g}")
         if self.prior_fraction:
             parts.append(f"prior_fraction={self.prior_fraction:g}")
+        if self.forward_loss:
+            parts.append("forward_loss=true")
         if self.predict_train_ids is not None:
             parts.append(f"predict_train_ids={str(self.predict_train_ids).lower()}")
         return ",".join(parts)
 
 
 # The protected preset's epsilon is the one docs/PRIVACY.md picks from the leakage benchmark
-# (benchmarks/leakage: the largest epsilon whose bound on any attack's AUC for one row's
-# label, e^eps / (1 + e^eps), stays <= 0.6); change both together.
-PROTECTED_EPSILON = 0.4
+# (benchmarks/leakage: the smallest epsilon of the measured frontier whose model costs at
+# most 0.01 AUC on default_credit); change both together. It is spent once per label table
+# (party_b.privacy.draws), whatever the number of runs.
+PROTECTED_EPSILON = 2.0
+# A token's budget when the operator set none (FEDLITE_B_LIMIT_EPSILON_BUDGET unset): this
+# many draws at the epsilon new runs get, so that one new draw (a redraw, a changed table)
+# passes and the next is the operator's call.
+DEFAULT_BUDGET_DRAWS = 2
+
+
+def default_budget(configured: float | None, policy: PrivacyPolicy) -> float | None:
+    """A token's budget where the operator gave it none: ``configured``
+    (``FEDLITE_B_LIMIT_EPSILON_BUDGET``; 0: none), else ``DEFAULT_BUDGET_DRAWS`` draws at
+    ``policy``'s epsilon (the policy new runs get); None: no budget."""
+    if configured is not None:
+        return configured or None
+    return DEFAULT_BUDGET_DRAWS * policy.epsilon if policy.epsilon is not None else None
+
+
 PRESETS: dict[str, PrivacyPolicy] = {
-    "protected": PrivacyPolicy(metrics="none", label_epsilon=PROTECTED_EPSILON),
+    "protected": PrivacyPolicy(metrics="none", label_epsilon=PROTECTED_EPSILON, forward_loss=True),
     "off": PrivacyPolicy(),
     # Marvell (Li et al.), the default of the release before label DP: empirical only
     "recommended": PrivacyPolicy(metrics="loss", marvell=10.0),
@@ -206,7 +244,7 @@ def _field_value(key: str, raw: str) -> object:
         return raw
     if key == "predict_train_ids" and raw.lower() == "unset":
         return None
-    if key in ("max_norm", "centred", "predict_train_ids"):
+    if key in ("max_norm", "centred", "predict_train_ids", "forward_loss"):
         if raw.lower() not in ("true", "false"):
             raise ValueError(f"{key} is true or false, not {raw!r}")
         return raw.lower() == "true"
@@ -227,6 +265,7 @@ def parse_policy(text: str) -> PrivacyPolicy:
     """``FEDLITE_B_PRIVACY``: a preset (``off``, ``recommended``) and/or ``key=value``
     overrides, comma separated; raises ValueError naming what is wrong."""
     policy = PRESETS["off"]
+    overrides: dict[str, object] = {}
     known = [f.name for f in fields(PrivacyPolicy)]
     items = [part.strip() for part in text.split(",") if part.strip()]
     if not items:
@@ -244,5 +283,11 @@ def parse_policy(text: str) -> PrivacyPolicy:
             continue
         if key not in known:
             raise ValueError(f"unknown privacy field {key!r}; known: {', '.join(known)}")
-        policy = replace(policy, **{key: cast(Any, _field_value(key, raw.strip()))})
-    return policy
+        overrides[key] = _field_value(key, raw.strip())
+    if "forward_loss" not in overrides and (
+        overrides.get("prior_fraction") or overrides.get("label_epsilon", 0) is None
+    ):
+        # the preset's correction, where nothing is left to correct (no label DP) or no
+        # common flip rate is (RRWithPrior)
+        overrides["forward_loss"] = False
+    return replace(policy, **cast(Any, overrides))  # checked once, whatever the order

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from party_b.labels import LabelSource
 from party_b.privacy.defences import perturb_gradient, visible_metrics
-from party_b.privacy.label_dp import run_targets
+from party_b.privacy.label_dp import keep_probability, run_targets
 from party_b.privacy.secret import OFF, RunPrivacy
 from party_b.top import StepOutcome, TopTrainer
 
@@ -41,7 +41,10 @@ def protected_step(
     """
     policy = privacy.policy
     targets = run_targets(privacy, targets, rows, labels.num_outputs, labels)
-    outcome = trainer.compute_step(z_tilde, targets, side, dropout_seed=dropout_seed)
+    keep = None  # the loss corrected for the randomized labels' known flip rate
+    if policy.forward_loss and policy.label_epsilon is not None:
+        keep = keep_probability(policy.label_epsilon, labels.num_outputs)
+    outcome = trainer.compute_step(z_tilde, targets, side, dropout_seed=dropout_seed, keep=keep)
     grad = perturb_gradient(
         outcome.grad, policy, seed=privacy.seed(step, "gradient-noise"), labels=targets
     )

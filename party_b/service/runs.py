@@ -15,6 +15,8 @@ from party_b import audit, store
 from party_b.errors import ProblemError
 from party_b.privacy import PrivacyPolicy
 from party_b.privacy.accounting import charge
+from party_b.privacy.draws import TableIdentity, table_draw
+from party_b.privacy.policy import default_budget
 from party_b.privacy.run import RunPrivacy
 from party_b.service.context import ServiceContext
 from party_b.service.meetings import Agenda, Ticket, at_once
@@ -32,6 +34,7 @@ class Runs:
     def __init__(self, ctx: ServiceContext) -> None:
         self._ctx = ctx
         self._create_lock = threading.Lock()  # a quota check and its insert, one at a time
+        self._table = TableIdentity(ctx.labels)  # which label table new runs train on
 
     def recover(self) -> list[tuple[str, str, int]]:
         """Report where every training run resumes after a restart: [(id, name, step)].
@@ -62,6 +65,10 @@ class Runs:
     def create(self, caller: Caller, spec: RunCreate, idempotency_key: str | None = None) -> RunOut:
         """A new run; with ``idempotency_key``, a repeat of the same request gets the same run."""
         top = self._ctx.admission.check(spec)
+        policy = self._ctx.privacy
+        # the label table's draw (made, and committed, by the first run that needs it): every
+        # run on the table trains on its randomized labels
+        draw = table_draw(self._ctx.sessions, policy, self._table)
         run = store.Run(
             id=uuid.uuid4().hex,
             owner_id=caller.token_id,
@@ -80,10 +87,18 @@ class Runs:
                     return earlier
             self._check_quota(session, caller)
             store.add_run(session, run, idempotency_key)
-            privacy = RunPrivacy.new(self._ctx.privacy)
+            privacy = RunPrivacy.new(policy, draw.key if draw is not None else None)
             store.add_run_privacy(session, run.id, privacy.policy.to_stored(), privacy.secret)
-            # the run's label-DP epsilon, against the token's budget: 403 and nothing stored
-            charge(session, owner_id=caller.token_id, run_id=run.id, policy=privacy.policy)
+            # the run's label-DP epsilon (its draw's, once per token), against the token's
+            # budget: 403 and nothing stored
+            charge(
+                session,
+                owner_id=caller.token_id,
+                run_id=run.id,
+                policy=policy,
+                draw=draw.row if draw is not None else None,
+                default_budget=default_budget(self._ctx.limits.epsilon_budget, policy),
+            )
             try:
                 session.commit()
             except IntegrityError:  # the same key arrived twice at once: the other one won

@@ -5,6 +5,7 @@
     checkpoints.py  save / load / list / roll back checkpoints (one transaction each)
     queries.py      every other query the service makes
     ledger.py       the privacy ledger: epsilon spent per run, budgets per token
+    draws.py        label draws: each label table's secret for its randomized labels
     tokens.py       API tokens by name or hash, active or all; revoked hashes
     leases.py       which replica holds a run, fenced by a token (claim, fence, release)
     takeovers.py    how far a run had gone before a load rolled it back (its "behind" mark)
@@ -21,6 +22,15 @@ from party_b.store.checkpoints import (
     pack_answers,
     save_checkpoint,
     unpack_answers,
+)
+from party_b.store.draws import (
+    current_draw,
+    draw_of_run,
+    draws,
+    draws_of_runs,
+    link_run_to_draw,
+    retire_draws,
+    runs_per_draw,
 )
 from party_b.store.engine import copy_database, make_engine, make_session_factory
 from party_b.store.leases import claim, fence, is_free, lease_of, release
@@ -57,11 +67,13 @@ from party_b.store.tables import (
     Checkpoint,
     EvalResult,
     IdempotencyKey,
+    LabelDraw,
     PrivacyBudget,
     PrivacyLedger,
     PsiKey,
     RevokedToken,
     Run,
+    RunLabelDraw,
     RunLease,
     RunPrivacy,
     StepLog,
@@ -81,11 +93,13 @@ __all__ = [
     "Checkpoint",
     "EvalResult",
     "IdempotencyKey",
+    "LabelDraw",
     "PrivacyBudget",
     "PrivacyLedger",
     "PsiKey",
     "RevokedToken",
     "Run",
+    "RunLabelDraw",
     "RunLease",
     "RunPrivacy",
     "SERVED_PRIVACY",
@@ -101,13 +115,18 @@ __all__ = [
     "claim",
     "copy_database",
     "count_open_runs",
+    "current_draw",
     "delete_run",
+    "draw_of_run",
+    "draws",
+    "draws_of_runs",
     "eval_results",
     "fence",
     "forget_after",
     "is_free",
     "last_logged_step",
     "lease_of",
+    "link_run_to_draw",
     "ledger_entry",
     "ledger_of",
     "load_checkpoint",
@@ -122,6 +141,7 @@ __all__ = [
     "psi_key",
     "record_served",
     "release",
+    "retire_draws",
     "revoked_hash",
     "run_by_id",
     "run_created_with_key",
@@ -129,6 +149,7 @@ __all__ = [
     "runs_before_ledger",
     "runs_in_status",
     "runs_of",
+    "runs_per_draw",
     "save_checkpoint",
     "unpack_answers",
     "served_setting",

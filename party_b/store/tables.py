@@ -19,6 +19,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
+    UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -30,11 +31,13 @@ __all__ = [
     "Checkpoint",
     "EvalResult",
     "IdempotencyKey",
+    "LabelDraw",
     "PrivacyBudget",
     "PrivacyLedger",
     "PsiKey",
     "RevokedToken",
     "Run",
+    "RunLabelDraw",
     "RunLease",
     "RunPrivacy",
     "StepLog",
@@ -259,6 +262,44 @@ class PrivacyBudget(Base):
     owner_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), primary_key=True)
     epsilon: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now, onupdate=_now)
+
+
+class LabelDraw(Base):
+    """One draw of a label table's randomized labels (``party_b.privacy.draws``): the secret
+    from which every run on that table under that mechanism (``label_epsilon``,
+    ``prior_fraction``) derives each id's randomized label, so that all of them train on the
+    same randomized labels and the table spends the epsilon of this one draw.
+
+    ``table_sha256``: the table's content digest (ids and labels, never sent); ``retired_at``:
+    set by ``fedlite-b privacy redraw``, after which the next run draws anew (a new secret,
+    counted again in its token's ledger). As secret as the labels; never deleted, like the
+    ledger: what party A received from a draw stays received. A table of its own, so that an
+    older database gains it with ``create_all``.
+    """
+
+    __tablename__ = "label_draws"
+    __table_args__ = (UniqueConstraint("table_sha256", "mechanism", "generation"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    table_sha256: Mapped[str] = mapped_column(String(64), index=True)
+    mechanism: Mapped[str] = mapped_column(String(200))  # privacy.draws.mechanism
+    generation: Mapped[int] = mapped_column(Integer)  # 0, then one more per redraw
+    epsilon: Mapped[float] = mapped_column(Float)
+    secret: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
+    retired_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
+
+
+class RunLabelDraw(Base):
+    """Which draw a run's randomized labels come from, for the ledger: a token's runs on one
+    draw spend its epsilon once. No foreign key to ``runs`` and not deleted with the run, like
+    ``privacy_ledger``; a run without a row draws its own labels (created before draws
+    existed) or has no label DP."""
+
+    __tablename__ = "run_label_draws"
+
+    run_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    draw_id: Mapped[int] = mapped_column(ForeignKey("label_draws.id"), index=True)
 
 
 class TokenGrant(Base):

@@ -85,13 +85,15 @@ def test_without_privacy_the_run_gets_the_policy_serve_recorded(served: Database
 
 
 def test_an_explicit_privacy_wins_over_the_recorded_one(served: Database) -> None:
-    flag = served.create("--privacy", "protected,label_epsilon=2")
+    # (epsilon 0.7 first: two label draws, 0.7 and the default's, fit the token's default
+    # budget of two draws at the second one's epsilon)
+    flag = served.create("--privacy", "protected,label_epsilon=0.7")
     env = served.create(env={"FEDLITE_B_PRIVACY": "protected"})
 
     by_flag, by_env = _created(flag), _created(env)
-    assert by_flag["privacy"] == "protected,label_epsilon=2"
-    assert "privacy: protected,label_epsilon=2 (--privacy)" in flag.stderr
-    assert served.run_policy(by_flag["run"])["label_epsilon"] == 2.0
+    assert by_flag["privacy"] == "protected,label_epsilon=0.7"
+    assert "privacy: protected,label_epsilon=0.7 (--privacy)" in flag.stderr
+    assert served.run_policy(by_flag["run"])["label_epsilon"] == 0.7
     assert by_env["privacy"] == "protected" and "(FEDLITE_B_PRIVACY)" in env.stderr
     assert served.run_policy(by_env["run"]) == PRESETS["protected"].to_stored()
 

@@ -11,6 +11,7 @@ load as they were; ``/metrics`` shows nothing of any run without the operator's 
 import json
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -45,6 +46,7 @@ from tests.utils.small_runs import (
 )
 
 PROTECTED = PRESETS["protected"]
+AT_04 = "protected,label_epsilon=0.4"  # the accounting tests' numbers, whatever the default
 OPERATOR = "operator-credential-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -101,8 +103,8 @@ def test_a_party_b_given_no_switch_trains_new_runs_under_label_dp_and_replies_gr
     assert all(r.grad.shape == (8, 8) and np.isfinite(r.grad).all() for r in replies)
     assert [(row["loss"], row["accuracy"]) for row in log] == [(None, None), (None, None)]
     assert (
-        "label privacy of new runs: metrics=none,label_epsilon=0.4 (label-DP epsilon 0.4 per "
-        "run; the default)" in caplog.text
+        f"label privacy of new runs: {PROTECTED.describe()} (label-DP epsilon "
+        f"{PROTECTED.label_epsilon:g} per run; the default)" in caplog.text
     )
     assert "OFF" not in caplog.text
 
@@ -134,24 +136,48 @@ def test_a_label_source_without_classes_needs_an_explicit_policy(tmp_path: Path)
 def test_the_bound_and_the_keep_probability_are_randomized_responses() -> None:
     assert keep_probability(0.4, 2) == pytest.approx(math.exp(0.4) / (1 + math.exp(0.4)))
     assert auc_bound(0.4) == pytest.approx(0.5987, abs=1e-4) and auc_bound(0.4) <= 0.6
+    assert auc_bound(2.0) == pytest.approx(0.8808, abs=1e-4)
     assert keep_probability(1.0, 10) == pytest.approx(math.e / (math.e + 9))
-    # the randomized label of a coin-flip label, as a score of it, has AUC e^eps/(1+e^eps)
+    # the randomized label of a coin-flip label, as a score of it, has AUC e^eps/(1+e^eps),
+    # for a run that draws its own labels (before label draws) as for a table's draw
     rng = np.random.default_rng(1)
     coin = torch.from_numpy(rng.integers(0, 2, 40_000))
-    privacy = RunPrivacy(PROTECTED, b"k" * 32)
-    noisy = run_targets(privacy, coin, np.arange(40_000), 2).numpy()
+    table = _ClassTable([f"id{i}" for i in range(40_000)], coin.numpy())
+    at_04 = parse_policy(AT_04)
+    own = RunPrivacy(at_04, b"k" * 32)
+    drawn = RunPrivacy(at_04, b"k" * 32 + b"d" * 32)
     from sklearn.metrics import roc_auc_score
 
-    assert roc_auc_score(coin.numpy(), noisy) == pytest.approx(auc_bound(0.4), abs=0.01)
-    # one draw per row and run: the same rows in another order, the same labels
-    order = rng.permutation(40_000)
-    again = run_targets(privacy, coin[order], order, 2).numpy()
-    assert np.array_equal(again, noisy[order])
-    # another run (another secret) draws anew; without label DP the labels are as they are
-    other = run_targets(RunPrivacy(PROTECTED, b"j" * 32), coin, np.arange(40_000), 2).numpy()
+    for privacy in (own, drawn):
+        noisy = run_targets(privacy, coin, np.arange(40_000), 2, table).numpy()
+        assert roc_auc_score(coin.numpy(), noisy) == pytest.approx(auc_bound(0.4), abs=0.01)
+        # one draw per row: the same rows in another order, the same labels
+        order = rng.permutation(40_000)
+        again = run_targets(privacy, coin[order], order, 2, table).numpy()
+        assert np.array_equal(again, noisy[order])
+    # another run's own secret draws anew; another run on the same draw does not
+    noisy = run_targets(own, coin, np.arange(40_000), 2).numpy()
+    other = run_targets(RunPrivacy(at_04, b"j" * 32), coin, np.arange(40_000), 2).numpy()
     assert not np.array_equal(other, noisy)
+    shared = RunPrivacy(at_04, b"j" * 32 + b"d" * 32)
+    assert torch.equal(
+        run_targets(shared, coin, np.arange(40_000), 2, table),
+        run_targets(drawn, coin, np.arange(40_000), 2, table),
+    )
+    # without label DP the labels are as they are
     off = RunPrivacy(PrivacyPolicy(), b"")
     assert torch.equal(run_targets(off, coin, np.arange(40_000), 2), coin)
+
+
+@dataclass(frozen=True)
+class _ClassTable:
+    """The two things a table draw reads of a label source: its ids and its labels."""
+
+    ids: list[str]
+    labels: np.ndarray
+
+    def targets(self, rows: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(self.labels[rows])
 
 
 def test_a_label_dp_run_evaluates_on_its_randomized_labels(tmp_path: Path) -> None:
@@ -177,7 +203,7 @@ def test_a_label_dp_run_evaluates_on_its_randomized_labels(tmp_path: Path) -> No
     request = codec.decode_evaluate_request(body)
     z = activations.dequantize(state.plan, 0, request.chunks, rows=len(train), allow_raw=True)
     true = service.context.labels.targets(rows)
-    randomized = run_targets(state.privacy, true, rows, 2)
+    randomized = run_targets(state.privacy, true, rows, 2, service.context.labels)
     assert not torch.equal(randomized, true)
     side = service.context.labels.side(rows) if state.trainer.model.side_features else None
     assert reply.loss == state.trainer.evaluate(z, randomized, side).loss
@@ -193,26 +219,35 @@ def codec_digest(run: SmallRun, positions: np.ndarray) -> bytes:
 # ------------------------------------------------------------------ accounting
 
 
-def test_each_run_spends_its_epsilon_of_its_tokens_budget_and_deleting_it_refunds_nothing(
+def test_a_tokens_runs_on_one_label_draw_spend_its_epsilon_once_and_each_new_draw_anew(
     tmp_path: Path,
 ) -> None:
     # Prepare: party B under label DP at 0.4, alice's budget 1.0
     party_b = small_party_b(tmp_path)
-    service = party_b.service(PROTECTED)
+    service = party_b.service(parse_policy(AT_04))
     with party_b.sessions() as session:
         store.set_privacy_budget(session, party_b.caller.token_id, 1.0)
         session.commit()
     spec = RunCreate.model_validate(run_spec())
 
-    # Act: two runs fit (0.8); a third would make 1.2
-    first = service.runs.create(party_b.caller, spec)
-    service.runs.create(party_b.caller, spec)
+    # Act: eight runs on the table's draw, one deleted; then two redraws by the operator
+    runs = [service.runs.create(party_b.caller, spec) for _ in range(8)]
+    service.runs.delete(party_b.caller, runs[0].id)
+    with party_b.sessions() as session:
+        after_eight = spent(session, party_b.caller.token_id)
+        assert store.retire_draws(session) == 1
+        session.commit()
+    service.runs.create(party_b.caller, spec)  # a new draw: 0.8
+    with party_b.sessions() as session:
+        store.retire_draws(session)
+        session.commit()
     with pytest.raises(ProblemError) as refused:
-        service.runs.create(party_b.caller, spec)
-    service.runs.delete(party_b.caller, first.id)
+        service.runs.create(party_b.caller, spec)  # a third draw would make 1.2
 
-    # Assert: 0.8 spent, still after the delete; the refusal stored nothing, says why and
-    # carries the numbers; the other token spent nothing
+    # Assert: eight runs spent one draw's 0.4, still after the delete; each new draw spends
+    # anew; the refusal stored nothing, says why and carries the numbers; the other token
+    # spent nothing
+    assert (after_eight.epsilon, after_eight.runs, len(after_eight.draws)) == (0.4, 8, 1)
     assert refused.value.type == ProblemType.PRIVACY_BUDGET_EXCEEDED and refused.value.status == 403
     assert refused.value.extensions == {
         "epsilon_spent": pytest.approx(0.8),
@@ -222,13 +257,14 @@ def test_each_run_spends_its_epsilon_of_its_tokens_budget_and_deleting_it_refund
     assert "have spent 0.8 and this one would spend 0.4, 1.2 in all" in refused.value.detail
     with party_b.sessions() as session:
         alice = spent(session, party_b.caller.token_id)
-        assert (alice.epsilon, alice.runs, alice.unbounded) == (pytest.approx(0.8), 2, 0)
-        assert len(store.runs_of(session, party_b.caller.token_id)) == 1
+        assert (alice.epsilon, alice.runs, alice.unbounded) == (pytest.approx(0.8), 9, 0)
+        assert len(store.runs_of(session, party_b.caller.token_id)) == 8
         assert spent(session, party_b.other.token_id).runs == 0
-    # a budget of 1.2 takes the third run exactly
+    # a budget of 1.2 takes the third draw exactly, and the runs after it spend nothing
     with party_b.sessions() as session:
         store.set_privacy_budget(session, party_b.caller.token_id, 1.2)
         session.commit()
+    service.runs.create(party_b.caller, spec)
     service.runs.create(party_b.caller, spec)
 
 
@@ -259,46 +295,68 @@ def test_runs_without_a_bound_spend_an_unbounded_epsilon_that_no_budget_covers(
 
 
 def test_the_budget_is_set_from_the_command_line_refused_over_http_and_shown_by_runs_show(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Prepare: party B's database, and the operator's cap for the token
+    # Prepare: party B's database, and the operator's cap for the token; the commands read
+    # the policy of new runs as the server does (no serve recorded one in this database)
+    monkeypatch.setenv("FEDLITE_B_PRIVACY", AT_04)
     settings = _settings(tmp_path)
     app = create_app(settings)
     data = ["--data-dir", str(tmp_path / "b")]
     assert fedlite_b(["token", "budget", "--name", "tester", "--epsilon", "0.5", *data]) == 0
     assert json.loads(capsys.readouterr().out)["epsilon_budget"] == 0.5
 
-    # Act: two creations over HTTP
+    # Act: two creations over HTTP (one draw), the operator's redraw, a third creation
     with (
         live_server(app) as url,
         httpx.Client(base_url=url, headers=AUTH, timeout=60) as client,
     ):
         first = client.post("/v1/runs", json=run_spec())
         second = client.post("/v1/runs", json=run_spec())
+        assert fedlite_b(["privacy", "redraw", *data]) == 1  # it asks for --yes first
+        assert "give --yes" in capsys.readouterr().err
+        assert fedlite_b(["privacy", "redraw", "--yes", *data]) == 0
+        assert json.loads(capsys.readouterr().out) == {"retired_draws": 1}
+        third = client.post("/v1/runs", json=run_spec())
 
-    # Assert: the first fits (0.4 of 0.5), the second is a clear problem
-    assert first.status_code == 201, first.text
-    body = problem(second, 403, "privacy-budget-exceeded")
+    # Assert: the first two fit (0.4 of 0.5, once), the third, a new draw, is a clear problem
+    assert first.status_code == second.status_code == 201, (first.text, second.text)
+    body = problem(third, 403, "privacy-budget-exceeded")
     assert (body["epsilon_spent"], body["epsilon_budget"], body["epsilon_run"]) == (0.4, 0.5, 0.4)
     assert fedlite_b(["runs", "show", first.json()["id"], *data]) == 0
     shown = json.loads(capsys.readouterr().out)
+    randomized = shown["privacy"].pop("randomized_labels")
     assert shown["privacy"] == {
-        "policy": "metrics=none,label_epsilon=0.4",
+        "policy": parse_policy(AT_04).describe(),
         "label_dp": True,
         "epsilon": 0.4,
         "attack_auc_bound": pytest.approx(auc_bound(0.4)),
         "recorded": True,
         "predict_train_ids": True,
     }
+    assert randomized["drawn"] == "once per label table" and randomized["retired"] is True
     assert shown["owner_privacy"]["epsilon_spent"] == 0.4
+    assert shown["owner_privacy"]["label_draws"] == 1
     assert shown["owner_privacy"]["epsilon_budget"] == 0.5
+    assert fedlite_b(["privacy", "draws", *data]) == 0
+    # the retired draw with its two runs; the refused run's new draw released nothing
+    first_draw, second_draw = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (first_draw["epsilon"], first_draw["runs"], first_draw["table_epsilon"]) == (0.4, 2, 0.4)
+    assert first_draw["retired_at"] is not None and first_draw["generation"] == 0
+    assert (second_draw["runs"], second_draw["generation"], second_draw["retired_at"]) == (
+        0,
+        1,
+        None,
+    )
     # a bad cap is one line and exit code 2; --none removes the cap
     with pytest.raises(SystemExit) as bad:
         fedlite_b(["token", "budget", "--name", "tester", "--epsilon", "-1", *data])
     assert bad.value.code == 2
     assert "the budget is a finite epsilon > 0" in capsys.readouterr().err
+    # --none removes the operator's cap: party B's default, two draws at the served 0.4
     assert fedlite_b(["token", "budget", "--name", "tester", "--none", *data]) == 0
-    assert json.loads(capsys.readouterr().out)["epsilon_budget"] is None
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["epsilon_budget"], shown["epsilon_budget_is_default"]) == (0.8, True)
 
 
 # ------------------------------------------------------------------ predict
@@ -509,7 +567,7 @@ def test_rr_with_prior_runs_draw_the_same_labels_after_a_restart(tmp_path: Path)
 def test_the_dashboards_run_view_shows_the_runs_epsilon_and_its_tokens_spend(
     tmp_path: Path,
 ) -> None:
-    settings = _settings(tmp_path, dashboard_token=OPERATOR)  # the default policy
+    settings = _settings(tmp_path, dashboard_token=OPERATOR, privacy=AT_04)
     operator = {"Authorization": f"Bearer {OPERATOR}"}
     with (
         live_server(create_app(settings)) as url,
@@ -520,5 +578,7 @@ def test_the_dashboards_run_view_shows_the_runs_epsilon_and_its_tokens_spend(
         report = httpx.get(f"{url}/dashboard/api/runs/{first.id}", headers=operator).json()
 
     assert report["privacy"]["privacy"]["epsilon"] == 0.4
-    assert report["privacy"]["privacy"]["policy"] == "metrics=none,label_epsilon=0.4"
-    assert report["privacy"]["owner_privacy"]["epsilon_spent"] == pytest.approx(0.8)
+    assert report["privacy"]["privacy"]["policy"] == parse_policy(AT_04).describe()
+    # two runs on one label draw: the token spent its epsilon once, of a default budget
+    assert report["privacy"]["owner_privacy"]["epsilon_spent"] == pytest.approx(0.4)
+    assert report["privacy"]["owner_privacy"]["epsilon_budget"] == pytest.approx(0.8)
