@@ -26,6 +26,7 @@ __all__ = [
     "AUTHENTICATED",
     "JSON",
     "MSGPACK",
+    "OF_A_RUN",
     "PROBLEM_SCHEMA",
     "WITH_BODY",
     "ContractRoute",
@@ -42,6 +43,9 @@ _BODY_METHODS = {"POST", "PUT", "PATCH"}
 # party_b.access; 503 while party B drains: party_b.api.lifecycle), and every route with a body.
 AUTHENTICATED = (ProblemType.UNAUTHORIZED, ProblemType.FORBIDDEN, ProblemType.UNAVAILABLE)
 WITH_BODY = (ProblemType.PAYLOAD_TOO_LARGE, ProblemType.UNSUPPORTED_MEDIA_TYPE)
+# ... and every route of a run: 404 for a run the caller cannot see, 422 for a path not
+# written canonically (party_b.api.paths)
+OF_A_RUN = (*AUTHENTICATED, ProblemType.NOT_FOUND, ProblemType.INVALID_REQUEST)
 
 
 PROBLEM_SCHEMA = {"$ref": "#/components/schemas/Problem"}  # party_b.api.openapi adds it

@@ -22,6 +22,7 @@ from party_b.api.docs_ui import install_docs
 from party_b.api.lifecycle import InFlightMiddleware, Lifecycle
 from party_b.api.middleware import BodyLimitMiddleware, MetricsMiddleware
 from party_b.api.openapi import install_openapi
+from party_b.api.paths import CanonicalPathMiddleware
 from party_b.api.problems import install_problem_handlers
 from party_b.api.readiness import DatabaseProbe
 from party_b.api.routes import ROUTERS
@@ -108,6 +109,8 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     install_problem_handlers(app)
     install_openapi(app)
     install_docs(app)
+    # inside the body limit, before routing: one spelling of every path (paths.py)
+    app.add_middleware(CanonicalPathMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.limits.max_body_bytes)
     # outside the body limit: a draining party B refuses a request before reading its body
     app.add_middleware(InFlightMiddleware, lifecycle=lifecycle)

@@ -100,6 +100,18 @@ class RunCache:
             state = self._get(run_id)
         return state if state is not None and state.owner_id == caller.token_id else None
 
+    def current_copy(self, caller: Caller, run_id: str) -> RunState | None:
+        """The caller's copy of the run in memory, if it still holds its run; never loads.
+
+        A read (``GET``) goes through here, not ``owned``: loading claims the run's lease,
+        so a read that reached a replica not holding the run would take it from the one that
+        does (and its steps would follow it there, with a rollback). A read of a run not in
+        memory here is answered from the database instead."""
+        state = self.peek_owned(caller, run_id)
+        if state is None or (self._verify is not None and not self._verify(state)):
+            return None
+        return state
+
     def live(self) -> list[RunState]:
         """The training runs in memory now (a copy: loads and drops go on meanwhile)."""
         with self._lock:

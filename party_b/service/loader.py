@@ -20,8 +20,9 @@ from party_b.service.runstate import Caller, RunState, owned_row
 from party_b.top import TopTrainer
 from shared.alignment import hmac_ids
 from shared.schedule import split_train_eval
+from shared.training import state_from_bytes, state_sha256
 
-__all__ = ["RunLoader", "key_index", "restore"]
+__all__ = ["RunLoader", "key_index", "restore", "stored_model_sha256"]
 
 log = logging.getLogger("fedlite.party_b")
 
@@ -120,6 +121,21 @@ class RunLoader:
             plan=PartyPlan.of(spec),
             finished=run.status == RunStatus.FINISHED.value,
         )
+
+
+def stored_model_sha256(session: Session, run_id: str, step: int) -> str | None:
+    """The checksum of the top model in the run's checkpoint at ``step``, read without
+    loading the run: what a read shows of a run another replica may hold. None when that
+    checkpoint is not kept, or does not load as a plain state dict (logged: the run is still
+    shown, and a request that needs the model gets the 500 ``restore`` explains)."""
+    checkpoint = store.load_checkpoint(session, run_id, step)
+    if checkpoint is None:
+        return None
+    try:
+        return state_sha256(state_from_bytes(checkpoint.model_state))
+    except Exception as exc:
+        log.error("checkpoint of run %s at step %d is unreadable: %s", run_id, step, exc)
+        return None
 
 
 def key_index(key: bytes, labels: LabelSource) -> dict[bytes, int]:

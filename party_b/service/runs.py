@@ -19,6 +19,7 @@ from party_b.privacy.draws import TableIdentity, table_draw
 from party_b.privacy.policy import default_budget
 from party_b.privacy.run import RunPrivacy
 from party_b.service.context import ServiceContext
+from party_b.service.loader import stored_model_sha256
 from party_b.service.meetings import Agenda, Ticket, at_once
 from party_b.service.ownership import once_more_if_moved
 from party_b.service.runstate import Caller, RunState, owned_row, party_of
@@ -127,11 +128,14 @@ class Runs:
             run = owned_row(session, caller, run_id)
             if run.status == RunStatus.CREATED.value:
                 return run_out(session, run, None)
-        try:
-            state = self._ctx.cache.owned(caller, run_id)
-        except ProblemError:  # e.g. the label table lost ids: still show the run
+        # a read takes no lease (it never loads the run): this replica's copy if it holds
+        # the run, else the newest checkpoint (party_b.service.cache.current_copy)
+        state = self._ctx.cache.current_copy(caller, run_id)
+        if state is None:
             with self._ctx.sessions() as session:
-                return run_out(session, owned_row(session, caller, run_id), None)
+                out = run_out(session, owned_row(session, caller, run_id), None)
+                out.model_sha256 = stored_model_sha256(session, run_id, out.step)
+                return out
         with state.lock, self._ctx.sessions() as session:  # step and checksum of one moment
             out = run_out(session, owned_row(session, caller, run_id), state)
             out.model_sha256 = state_sha256(state.trainer.model.state_dict())

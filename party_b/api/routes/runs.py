@@ -11,7 +11,7 @@ from fastapi import APIRouter, Header, Request, Response
 
 from api_schemas import PartyOut, ProblemType, RunCreate, RunList, RunOut
 from party_b.access import Action
-from party_b.api.contract import AUTHENTICATED, WITH_BODY, ContractRoute, contract
+from party_b.api.contract import AUTHENTICATED, OF_A_RUN, WITH_BODY, ContractRoute, contract
 from party_b.api.deps import AdmittedDep, CallerDep, ServiceDep, allowed, in_thread
 from party_b.api.doors import answered, both
 from party_b.errors import ProblemError
@@ -20,7 +20,6 @@ from party_b.service import Caller
 A = Action
 router = APIRouter(route_class=ContractRoute, tags=["runs"])
 P = ProblemType
-OF_A_RUN = (*AUTHENTICATED, P.NOT_FOUND)
 
 
 @router.post(

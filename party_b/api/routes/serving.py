@@ -8,7 +8,13 @@ from fastapi import APIRouter, Query, Request, Response
 
 from api_schemas import EvalResultOut, ProblemType
 from party_b.access import Action
-from party_b.api.contract import AUTHENTICATED, MSGPACK, WITH_BODY, ContractRoute, contract
+from party_b.api.contract import (
+    MSGPACK,
+    OF_A_RUN,
+    WITH_BODY,
+    ContractRoute,
+    contract,
+)
 from party_b.api.deps import AdmittedDep, ServiceDep, allowed, in_thread, msgpack
 from party_b.api.doors import RUN, answered, both
 from party_b.service import Caller
@@ -16,7 +22,6 @@ from party_b.service import Caller
 A = Action
 router = APIRouter(route_class=ContractRoute)
 P = ProblemType
-OF_A_RUN = (*AUTHENTICATED, P.NOT_FOUND)
 FORWARD = (
     *OF_A_RUN,
     *WITH_BODY,

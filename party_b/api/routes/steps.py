@@ -12,7 +12,13 @@ from fastapi import APIRouter, Query, Request, Response
 
 from api_schemas import ProblemType, ResumeIn, RunOut, StepLogPage
 from party_b.access import Action
-from party_b.api.contract import AUTHENTICATED, MSGPACK, WITH_BODY, ContractRoute, contract
+from party_b.api.contract import (
+    MSGPACK,
+    OF_A_RUN,
+    WITH_BODY,
+    ContractRoute,
+    contract,
+)
 from party_b.api.deps import AdmittedDep, ServiceDep, allowed, in_thread, msgpack
 from party_b.api.doors import RUN, Step, answered, both
 from party_b.errors import ProblemError
@@ -23,7 +29,6 @@ from shared.types import MAX_STEP
 A = Action
 router = APIRouter(route_class=ContractRoute)
 P = ProblemType
-OF_A_RUN = (*AUTHENTICATED, P.NOT_FOUND)
 
 
 @both(

@@ -43,12 +43,15 @@ def test_a_takeover_fences_the_old_holders_copy(tmp_path: Path) -> None:
     run = aligned_in_process(one, caller)
     reference = [one.steps.step(caller, run.id, run.step_body(t)) for t in (1, 2, 3)]
 
-    # Act: the load balancer now sends the run to replica two, which takes it over at its
-    # checkpoint of step 2 and applies step 3 again (party A's replay) and step 4
+    # Act: the load balancer now sends the run to replica two. A read there shows the newest
+    # checkpoint (step 2) and takes no lease; the step takes the run over at that checkpoint
+    # and applies step 3 again (party A's replay), then step 4
     assert two.runs.get(caller, run.id).step == 2
     with party_b.sessions() as session:
-        assert store.lease_of(session, run.id) == ("two", 2)
+        assert store.lease_of(session, run.id) == ("one", 1)
     assert two.steps.step(caller, run.id, run.step_body(3)) == reference[2]
+    with party_b.sessions() as session:
+        assert store.lease_of(session, run.id) == ("two", 2)
     step_4 = two.steps.step(caller, run.id, run.step_body(4))
 
     # Assert: replica one's copy (at step 3) cannot apply step 4 a second time: its commit is
@@ -71,8 +74,7 @@ def test_a_stale_copy_is_refused_rather_than_rolling_the_run_back(tmp_path: Path
     run = aligned_in_process(one, caller)
     for t in (1, 2, 3):
         one.steps.step(caller, run.id, run.step_body(t))
-    two.runs.get(caller, run.id)  # takes it over at 2
-    for t in (3, 4, 5, 6):
+    for t in (3, 4, 5, 6):  # step 3 takes it over at 2
         two.steps.step(caller, run.id, run.step_body(t))
 
     out = one.steps.resume(caller, run.id, 4)
