@@ -19,6 +19,7 @@ from benchmarks.scale.report import (
     replicas_table,
     throughput_table,
 )
+from benchmarks.scoring import scoring_table
 from benchmarks.wan.report import staleness_table, wan_table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md"
@@ -376,6 +377,7 @@ def render() -> str:
             first_contact_table,
         ),
         ("Several feature parties against one holding every feature", "parties", parties_table),
+        ("Scoring a whole table (issue 34)", "scoring", scoring_table),
     ]
     one, default = _load("quantizer-1thread"), _load("quantizer")
     if one is not None:
