@@ -146,7 +146,7 @@ class FeatureTransform:
                 )
             codes, outside[vocabulary.name], empty[vocabulary.name] = vocabulary.encode(column)
             out[:, self.numeric.width + j] = codes
-        _say_what_was_filled(len(table.ids), filled, outside, empty)
+        _say_what_was_filled(len(table.ids), filled, outside, empty, self.categorical)
         return out
 
     # ------------------------------------------------------------------ storage
@@ -168,12 +168,23 @@ def _any_missing(x: np.ndarray) -> bool:
 
 
 def _say_what_was_filled(
-    rows: int, filled: dict[str, int], outside: dict[str, int], empty: dict[str, int]
+    rows: int,
+    filled: dict[str, int],
+    outside: dict[str, int],
+    empty: dict[str, int],
+    vocabularies: tuple[Vocabulary, ...],
 ) -> None:
-    """One line of what the preparation had to fill or pool in this table, if anything."""
+    """One line of what the preparation had to fill or pool in this table, if anything:
+    where a value went without a bucket of its own (the training rows had none like it),
+    it is the zero input ("no bucket")."""
     parts = [f"{c} {n:,} missing (median)" for c, n in filled.items()]
-    parts += [f"{c} {n:,} missing (missing bucket)" for c, n in empty.items() if n]
-    parts += [f"{c} {n:,} not in the vocabulary (other bucket)" for c, n in outside.items() if n]
+    for v in vocabularies:
+        if empty[v.name]:
+            went = "missing bucket" if v.missing else "no bucket"
+            parts.append(f"{v.name} {empty[v.name]:,} missing ({went})")
+        if outside[v.name]:
+            went = "other bucket" if v.other else "no bucket"
+            parts.append(f"{v.name} {outside[v.name]:,} outside the vocabulary ({went})")
     if parts:
         phase("prepared %s rows: %s", f"{rows:,}", "; ".join(parts))
 
