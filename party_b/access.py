@@ -36,9 +36,11 @@ from party_b.errors import ProblemError
 from party_b.party_tokens import PartyScope, authenticate_party
 from party_b.store.grants import grant_of, grant_with_subject
 from party_b.store.tables import ApiToken, TokenGrant
+from party_b.subjects import forwarded_subject
 
 __all__ = [
     "ALL_SCOPES",
+    "FORWARDED_SUBJECT",
     "PARTY_ACTIONS",
     "SCOPES",
     "Action",
@@ -48,6 +50,7 @@ __all__ = [
     "identify",
     "parse_expiry",
     "parse_scopes",
+    "presented_subject",
 ]
 
 
@@ -176,6 +179,25 @@ class _Credential:
     scopes: tuple[str, ...]
     actions: frozenset[str]
     party: PartyScope | None = None
+
+
+# the header in which a load balancer that verified the client's certificate names it
+FORWARDED_SUBJECT = "x-fedlite-client-subject"
+
+
+def presented_subject(
+    connection: str | None, forwarded: str | None, trusted_proxy: str | None
+) -> str | None:
+    """The certificate subject a request presents: its connection's own, or, on a connection
+    whose certificate is the trusted load balancer's (``--trusted-proxy-subject``), the one
+    the balancer forwards in ``FORWARDED_SUBJECT`` (None without it: the balancer's own
+    certificate never identifies a caller). A header on any other connection is ignored:
+    only a hop party B authenticated can say who is behind it."""
+    if trusted_proxy is None or connection is None or connection != trusted_proxy:
+        return connection
+    if not forwarded or not forwarded.strip():
+        return None
+    return forwarded_subject(forwarded)
 
 
 def identify(session: Session, presented: Identity, *, now: datetime | None = None) -> Caller:

@@ -149,6 +149,15 @@ class Settings(BaseSettings):
         description="mutual TLS: CA certificates (PEM) whose client certificates party B "
         "accepts; set, every connection must present one (docs/DEPLOY.md)",
     )
+    trusted_proxy_subject: str | None = Field(
+        default=None,
+        min_length=1,
+        description="mutual TLS behind a load balancer that verifies the clients' "
+        "certificates: the subject of the balancer's own client certificate. On a connection "
+        "with it, the caller's certificate is the one the balancer names in the header "
+        "X-Fedlite-Client-Subject; on any other connection that header is ignored "
+        "(party_b/access.py; needs --ssl-ca-certs)",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = Field(
         default="text", description="one line per record: text, or one JSON object"
@@ -261,8 +270,8 @@ def check_environment(environ: Mapping[str, str]) -> None:
 _FLAG_FIELDS = (
     "host", "port", "data_dir", "database_url", "labels", "id_column", "label_column",
     "group_column", "label_source", "tokens", "ssl_certfile", "ssl_keyfile", "ssl_ca_certs",
-    "log_level", "log_format", "access_log", "torch_threads", "worker_threads", "privacy",
-    "device", "max_live_runs", "max_live_bytes", "replica_id",
+    "trusted_proxy_subject", "log_level", "log_format", "access_log", "torch_threads",
+    "worker_threads", "privacy", "device", "max_live_runs", "max_live_bytes", "replica_id",
 )  # fmt: skip
 
 

@@ -12,7 +12,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api_schemas import ProblemType
 from party_b import audit
-from party_b.access import Action, Identity, authorize, identify
+from party_b.access import (
+    FORWARDED_SUBJECT,
+    Action,
+    Identity,
+    authorize,
+    identify,
+    presented_subject,
+)
 from party_b.api.contract import MSGPACK
 from party_b.errors import ProblemError
 from party_b.service import Caller, Service
@@ -71,11 +78,16 @@ def _local(sessions: sessionmaker[Session]) -> bool:
 
 
 def client_subject(request: Request) -> str | None:
-    """The verified client certificate's subject (RFC 4514), from the ASGI TLS extension
-    (``party_b.ops.mtls`` fills it in for uvicorn); None without mutual TLS."""
+    """The caller's verified client certificate subject (RFC 4514): its connection's, from
+    the ASGI TLS extension (``party_b.ops.mtls`` fills it in for uvicorn), or the one the
+    trusted load balancer forwards on its own connection (``access.presented_subject``);
+    None without mutual TLS."""
     tls = request.scope.get("extensions", {}).get("tls") or {}
     name = tls.get("client_cert_name")
-    return name if isinstance(name, str) and name else None
+    connection = name if isinstance(name, str) and name else None
+    trusted_proxy: str | None = getattr(request.app.state, "trusted_proxy_subject", None)
+    forwarded = request.headers.get(FORWARDED_SUBJECT)
+    return presented_subject(connection, forwarded, trusted_proxy)
 
 
 class _Allowed:

@@ -35,6 +35,7 @@ from party_b.service import LiveBounds, build_service
 from party_b.settings import Settings, parse_token_list
 from party_b.store import make_engine, make_session_factory
 from party_b.store.engine import checkpoint_wal, one_at_a_time
+from party_b.subjects import normalize_subject
 
 __all__ = ["create_app"]
 
@@ -94,6 +95,12 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     )
     app.state.service = service
     app.state.sessions = sessions
+    # whose connections may name the caller's certificate (party_b.access.presented_subject)
+    app.state.trusted_proxy_subject = (
+        normalize_subject(settings.trusted_proxy_subject)
+        if settings.trusted_proxy_subject
+        else None
+    )
     app.state.metrics = metrics
     app.state.lifecycle = lifecycle
     app.state.database_probe = DatabaseProbe(engine)

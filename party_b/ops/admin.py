@@ -152,10 +152,11 @@ def cmd_token_issue(args: argparse.Namespace) -> int:
 
 
 def _subject(text: str) -> str:
-    """An RFC 4514 subject as ``openssl x509 -noout -subject -nameopt RFC2253`` prints it."""
-    from party_b.ops.mtls import normalize_subject
+    """An RFC 4514 subject as ``openssl x509 -noout -subject -nameopt RFC2253`` prints it;
+    ValueError for one in an order no certificate's subject is written in."""
+    from party_b.subjects import operator_subject
 
-    return normalize_subject(text)
+    return operator_subject(text)
 
 
 def _refuse_subject_clash(session: Any, subject: str, name: str) -> None:

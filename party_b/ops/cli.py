@@ -275,6 +275,12 @@ def _serve_parser(sub: Any) -> None:
         type=Path,
         help="mutual TLS: require client certificates signed by these CAs (PEM)",
     )
+    serve.add_argument(
+        "--trusted-proxy-subject",
+        help="behind a load balancer that verifies client certificates: its own client "
+        "certificate's subject; on its connections the caller is the certificate it names "
+        "(header X-Fedlite-Client-Subject); needs --ssl-ca-certs",
+    )
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
         "--access-log",

@@ -174,7 +174,7 @@ def _grant(args: argparse.Namespace, parties: list[str] | None) -> tuple[Any, st
     """``--expires`` (every token issued) and ``--subject`` (one party's token: a party's
     client certificate is its own), checked as ``fedlite-b token issue`` checks them."""
     from party_b.access import parse_expiry
-    from party_b.ops.mtls import normalize_subject
+    from party_b.subjects import operator_subject
 
     expires, subject = getattr(args, "expires", None), getattr(args, "subject", None)
     if subject is not None and len(parties or []) != 1:
@@ -182,7 +182,7 @@ def _grant(args: argparse.Namespace, parties: list[str] | None) -> tuple[Any, st
     try:
         return (
             parse_expiry(expires) if expires else None,
-            normalize_subject(subject) if subject else None,
+            operator_subject(subject) if subject else None,
         )
     except ValueError as exc:
         raise MaintenanceError(str(exc)) from None

@@ -11,7 +11,13 @@ from pathlib import Path
 from party_b.errors import StartupError
 from party_b.settings import Settings
 
-__all__ = ["check_client_cas", "check_files", "check_label_header", "check_tls"]
+__all__ = [
+    "check_client_cas",
+    "check_files",
+    "check_label_header",
+    "check_tls",
+    "check_trusted_proxy",
+]
 
 _CERT = "--ssl-certfile / FEDLITE_B_SSL_CERTFILE"
 _KEY = "--ssl-keyfile / FEDLITE_B_SSL_KEYFILE"
@@ -25,6 +31,28 @@ def check_files(settings: Settings) -> None:
         check_label_header(settings)
     check_tls(settings.ssl_certfile, settings.ssl_keyfile)
     check_client_cas(settings.ssl_ca_certs, settings.ssl_certfile)
+    check_trusted_proxy(settings)
+
+
+def check_trusted_proxy(settings: Settings) -> None:
+    """A trusted load balancer is known by its client certificate: mutual TLS is needed, and
+    its subject must read as one."""
+    subject = settings.trusted_proxy_subject
+    if subject is None:
+        return
+    where = "--trusted-proxy-subject / FEDLITE_B_TRUSTED_PROXY_SUBJECT"
+    if settings.ssl_ca_certs is None:
+        raise StartupError(
+            f"{where} is set, but party B does not ask for client certificates: the load "
+            "balancer is known by its certificate; pass --ssl-ca-certs / "
+            "FEDLITE_B_SSL_CA_CERTS (the CA that signed it), with --ssl-certfile/--ssl-keyfile"
+        )
+    from party_b.subjects import normalize_subject
+
+    try:
+        normalize_subject(subject)
+    except ValueError as exc:
+        raise StartupError(f"{where}: {exc}") from None
 
 
 _CA = "--ssl-ca-certs / FEDLITE_B_SSL_CA_CERTS"
