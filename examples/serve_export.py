@@ -10,8 +10,9 @@ they exchange one file, exactly what ``predict`` sends over HTTP.
         --table labels.csv --out scores.csv
 
 The activations file holds HMAC(run key, id) for each row (never a raw id), the frozen
-codebook and the codewords (or raw z in a SplitFed run, or with --raw). Needs torch, numpy
-and the shared package of fedlite-vfl; nothing of either party's service. Both images carry
+codebook and the codewords (or raw z in a SplitFed run, or with --raw). Needs torch, numpy,
+fedlite-vfl's shared package and party A's table preparation (party_a.features: the fitted
+preparation in the export's manifest); nothing of either party's service. Both images carry
 it as /opt/fedlite/serve_export.py. A mistake (a missing file or column, a wrong export) is
 one line on stderr and exit code 2.
 """
@@ -30,14 +31,22 @@ from shared.pq.frozen import codebook_from_bytes, load_program, quantizer_of, re
 
 
 def party_a(args: argparse.Namespace) -> None:
+    from party_a.features import ColumnRules, FeatureTransform, load_features
+
     manifest = read_manifest(args.export, "A")
-    transform = manifest["transform"]
-    # the header first: a wrong --id-column or a missing column is told before any row loads
-    table = read_id_table(args.features, id_column=args.id_column, columns=transform["columns"])
-    x = table.matrix(transform["columns"])  # float32, the arithmetic of the transform
-    if transform["mean"] is not None:
-        mean, scale = (np.asarray(transform[k], dtype=np.float32) for k in ("mean", "scale"))
-        x = (x - mean) / scale
+    transform = FeatureTransform.from_json(manifest["transform"])
+    # predict's own reading and preparation (party_a.features): the header first, so a wrong
+    # --id-column or a missing column is told before any row loads; the run's columns with
+    # the types they had; missing cells and unseen categories as predict fills them
+    table = load_features(
+        args.features,
+        id_column=args.id_column,
+        feature_columns=transform.source_columns,
+        standardize=transform.mean is not None,
+        rules=ColumnRules(),
+        expect=transform,
+    )
+    x = transform.apply(table)
     tokens = manifest["input"] != "float32"
     inputs = torch.from_numpy(x.astype(np.int64 if tokens else np.float32))
     z = load_program(args.export, "bottom.pt2")(inputs)  # (n, d)

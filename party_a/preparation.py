@@ -174,17 +174,17 @@ def _say_what_was_filled(
     empty: dict[str, int],
     vocabularies: tuple[Vocabulary, ...],
 ) -> None:
-    """One line of what the preparation had to fill or pool in this table, if anything:
-    where a value went without a bucket of its own (the training rows had none like it),
-    it is the zero input ("no bucket")."""
+    """One line of what the preparation had to fill or pool in this table, if anything. A
+    value outside the vocabulary (rare in training, or never seen) goes to "other": the
+    column's other bucket, or the zero input where the training rows had no rare value."""
     parts = [f"{c} {n:,} missing (median)" for c, n in filled.items()]
     for v in vocabularies:
         if empty[v.name]:
-            went = "missing bucket" if v.missing else "no bucket"
+            went = "missing bucket" if v.missing else "the zero input"
             parts.append(f"{v.name} {empty[v.name]:,} missing ({went})")
         if outside[v.name]:
-            went = "other bucket" if v.other else "no bucket"
-            parts.append(f"{v.name} {outside[v.name]:,} outside the vocabulary ({went})")
+            went = "other" if v.other else "other: the zero input"
+            parts.append(f"{v.name} {outside[v.name]:,} not seen in training ({went})")
     if parts:
         phase("prepared %s rows: %s", f"{rows:,}", "; ".join(parts))
 

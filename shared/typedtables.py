@@ -24,6 +24,7 @@ ids are read as strings, as ``shared.idtables`` reads them.
 """
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -183,47 +184,61 @@ class _CsvRead:
         self.as_text, self.as_number = as_text, as_number
         self.sep = "\t" if ".tsv" in path.name.lower() else ","
 
+    @contextmanager
     def _batches(self, usecols: list[str], text: set[str], batch_rows: int) -> Iterator[Any]:
+        """The file's batches (closed however the reading ends)."""
         dtype = dict.fromkeys(text, str) | {self.id_column: str}
-        return iter(
-            pd.read_csv(
-                self.path,
-                sep=self.sep,
-                usecols=usecols,
-                dtype=dtype,
-                keep_default_na=True,
-                chunksize=batch_rows,
-            )
-        )
+        with pd.read_csv(
+            self.path,
+            sep=self.sep,
+            usecols=usecols,
+            dtype=dtype,
+            keep_default_na=True,
+            chunksize=batch_rows,
+        ) as reader:
+            yield reader
+
+    def _add(
+        self,
+        column: str,
+        values: Any,
+        batch_ids: list[str],
+        texts: dict[str, "_TextBuilder"],
+        numbers: dict[str, list[np.ndarray]],
+        held: dict[str, Held],
+    ) -> None:
+        """One batch of one column, as pandas parsed it."""
+        if column in texts:
+            texts[column].add(values)
+        elif column in self.as_number:
+            numbers[column].append(_numbers(values, column, batch_ids))
+        elif held.get(column) in ("text", "bool"):
+            return  # read again once the pass is over, as the cells' text
+        elif is_bool_dtype(values.dtype) or not is_numeric_dtype(values.dtype):
+            held[column] = "bool" if is_bool_dtype(values.dtype) else "text"
+            numbers[column] = []
+        else:
+            numbers[column].append(values.to_numpy(dtype=np.float32, na_value=np.nan))
 
     def read(self, batch_rows: int) -> TypedTable:
         ids: list[str] = []
         numbers: dict[str, list[np.ndarray]] = {c: [] for c in self.names}
         texts = {c: _TextBuilder() for c in self.names if c in self.as_text}
         held: dict[str, Held] = dict.fromkeys(texts, "text")
-        for batch in self._batches([self.id_column, *self.names], set(texts), batch_rows):
-            batch_ids = batch[self.id_column].astype(str).tolist()
-            for column in self.names:
-                values = batch[column]
-                if column in texts:
-                    texts[column].add(values)
-                elif column in self.as_number:
-                    numbers[column].append(_numbers(values, column, batch_ids))
-                elif held.get(column) in ("text", "bool"):
-                    continue  # read again below, as the cells' text
-                elif is_bool_dtype(values.dtype) or not is_numeric_dtype(values.dtype):
-                    held[column] = "bool" if is_bool_dtype(values.dtype) else "text"
-                    numbers[column] = []
-                else:
-                    numbers[column].append(values.to_numpy(dtype=np.float32, na_value=np.nan))
-            ids.extend(batch_ids)
+        with self._batches([self.id_column, *self.names], set(texts), batch_rows) as batches:
+            for batch in batches:
+                batch_ids = batch[self.id_column].astype(str).tolist()
+                for column in self.names:
+                    self._add(column, batch[column], batch_ids, texts, numbers, held)
+                ids.extend(batch_ids)
         check_ids(ids, self.path)
         again = [c for c in self.names if c not in texts and held.get(c) in ("text", "bool")]
         if again:
             redone = {c: _TextBuilder() for c in again}
-            for batch in self._batches(again, set(again), batch_rows):
-                for column in again:
-                    redone[column].add(batch[column])
+            with self._batches(again, set(again), batch_rows) as batches:
+                for batch in batches:
+                    for column in again:
+                        redone[column].add(batch[column])
             texts |= redone
         numeric_names = [c for c in self.names if c not in texts]
         matrix = np.empty((len(ids), len(numeric_names)), dtype=np.float32)

@@ -1,0 +1,113 @@
+"""Party B's table as it comes (party_b.labels): string labels, empty labels, and side columns
+prepared as party A's are.
+
+* labels are text: "good"/"bad" become classes in a stated order, the positive class (score_1,
+  what AUC ranks) is logged at load with the rows that have no label (served, never trained);
+* side columns of numbers without empty cells get the very bits they always had;
+* an empty side cell gets the labeled rows' median and an indicator column, a text column a
+  one-hot of its vocabulary; rows without a label take no part in any statistic.
+"""
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from party_b.labels import load_label_table
+from shared.idtables import TableError
+from shared.preparation import PreparationSettings
+
+
+def _write(tmp_path: Path, frame: pd.DataFrame, name: str = "labels.csv") -> Path:
+    path = tmp_path / name
+    frame.to_csv(path, index=False) if name.endswith(".csv") else frame.to_parquet(path)
+    return path
+
+
+@pytest.mark.parametrize("name", ["labels.csv", "labels.parquet"])
+def test_string_labels_are_classes_with_the_positive_class_stated(
+    tmp_path: Path, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    frame = pd.DataFrame(
+        {"id": ["a", "b", "c", "d", "e"], "Status": ["good", "bad", None, "good", "bad"]}
+    )
+    with caplog.at_level(logging.INFO, logger="fedlite.party_b"):
+        table = load_label_table(
+            _write(tmp_path, frame, name), id_column="id", label_column="Status",
+            feature_columns=None,
+        )  # fmt: skip
+
+    assert table.classes == ["bad", "good"] and table.positive_class == "good"
+    assert table.labels.tolist() == [1, 0, -1, 1, 0]
+    assert table.unlabeled == 1 and table.labeled is not None and not table.labeled[2]
+    said = caplog.text
+    assert "classes 'bad' = 0, 'good' = 1 (positive class 'good': score_1 and AUC)" in said
+    assert "1 rows without a label (served, never trained or evaluated on)" in said
+
+
+def test_several_classes_have_no_positive_class_and_numbers_sort_as_numbers(
+    tmp_path: Path,
+) -> None:
+    frame = pd.DataFrame({"id": list("abcd"), "y": [10, 2, 2, 1]})
+    table = load_label_table(
+        _write(tmp_path, frame), id_column="id", label_column="y", feature_columns=None
+    )
+    assert table.classes == ["1", "2", "10"] and table.positive_class is None
+
+
+def test_one_class_only_is_refused(tmp_path: Path) -> None:
+    frame = pd.DataFrame({"id": list("abc"), "y": ["good", "good", None]})
+    with pytest.raises(TableError, match="fewer than 2 classes"):
+        load_label_table(
+            _write(tmp_path, frame), id_column="id", label_column="y", feature_columns=None
+        )
+
+
+def test_numeric_side_columns_get_the_bits_they_always_had(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    n = 300
+    frame = pd.DataFrame({"id": [f"r{i}" for i in range(n)], "y": rng.integers(0, 2, n)})
+    for j in range(11):
+        frame[f"b{j}"] = rng.standard_normal(n) * (j + 1) * 100
+    frame.loc[::7, "y"] = None  # rows to serve only: not in the statistics
+    table = load_label_table(
+        _write(tmp_path, frame), id_column="id", label_column="y", feature_columns=None
+    )
+
+    raw = frame[[f"b{j}" for j in range(11)]].to_numpy(np.float32)
+    labeled = frame["y"].notna().to_numpy()
+    fitted = raw[labeled]  # the arithmetic of releases that read numbers only, verbatim
+    mean, std = fitted.mean(axis=0), fitted.std(axis=0)
+    scale = np.where(std > 0, std, np.float32(1.0))
+    np.testing.assert_array_equal(table.features, ((raw - mean) / scale).astype(np.float32))
+    assert table.feature_mean == mean.tolist() and table.feature_scale == scale.tolist()
+
+
+def test_side_columns_with_categories_and_empty_cells_are_prepared(tmp_path: Path) -> None:
+    frame = pd.DataFrame(
+        {
+            "id": [f"r{i}" for i in range(8)],
+            "y": [0, 1, 0, 1, 0, 1, None, None],
+            "amount": [1.0, None, 3.0, 5.0, 7.0, 9.0, 1000.0, None],
+            "records": ["no", "yes", "no", "no", "yes", "no", "maybe", None],
+        }
+    )
+    table = load_label_table(
+        _write(tmp_path, frame), id_column="id", label_column="y", feature_columns=None,
+        settings=PreparationSettings(min_frequency=1),
+    )  # fmt: skip
+
+    # [amount z-scored | amount missing | records: no, yes] ("maybe" is unseen: zeros)
+    assert table.side_width == 4
+    assert table.feature_mean is None  # not a table of numbers alone: no plain z-score
+    preparation = table.side_preparation
+    assert preparation is not None and preparation["fill"] == [5.0]  # labeled rows' median
+    assert preparation["categorical"][0]["values"] == ["no", "yes"]
+    np.testing.assert_array_equal(table.features[:, 1], [0, 1, 0, 0, 0, 0, 0, 1])
+    records = [[1, 0], [0, 1], [1, 0], [1, 0], [0, 1], [1, 0], [0, 0], [0, 0]]
+    np.testing.assert_array_equal(table.features[:, 2:], records)
+    filled = np.array([1, 5, 3, 5, 7, 9], np.float32)  # the labeled rows after filling
+    z = (np.float32(1000.0) - filled.mean()) / filled.std()
+    assert table.features[6, 0] == pytest.approx(z)
