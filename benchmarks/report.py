@@ -20,6 +20,7 @@ from benchmarks.scale.report import (
     throughput_table,
 )
 from benchmarks.scoring import scoring_table
+from benchmarks.tables.report import preparation_table
 from benchmarks.wan.report import staleness_table, wan_table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md"
@@ -378,6 +379,7 @@ def render() -> str:
         ),
         ("Several feature parties against one holding every feature", "parties", parties_table),
         ("Scoring a whole table (issue 34)", "scoring", scoring_table),
+        ("A 1,000,000 × 100 Parquet table prepared (issue 35)", "tables", preparation_table),
     ]
     one, default = _load("quantizer-1thread"), _load("quantizer")
     if one is not None:
