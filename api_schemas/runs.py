@@ -328,14 +328,21 @@ class RunPrivacyOut(BaseModel):
 
     policy: str = Field(
         description="the policy as party B's switch spells it (`fedlite-b serve --privacy`), "
-        "e.g. `metrics=none,label_epsilon=0.4` (the default, `protected`)"
+        "e.g. `metrics=none,label_epsilon=2,forward_loss=true` (the default, `protected`)"
     )
     label_dp: bool = Field(
         description="label differential privacy: the run trains and evaluates on randomized "
-        "labels (evaluations are on them too)"
+        "labels (evaluations are on them too), drawn once per party B label table"
     )
     epsilon: float | None = Field(
         description="the run's label-DP epsilon; null when the policy gives no formal bound"
+    )
+    label_keep: float | None = Field(
+        default=None,
+        description="the probability that a randomized label is the true one, "
+        "e^epsilon / (e^epsilon + classes - 1): with an evaluation's `label_rate` it debiases "
+        "the evaluation into an estimate of the true-label metrics; null without label DP "
+        "and under RRWithPrior (`prior_fraction`), whose rows have no common rate",
     )
     metrics: str = Field(description="what step replies carry: `all`, `loss` or `none`")
     predict_train_ids: bool = Field(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from party_a.cli.options import connection, local_runs, run_not_found, session_from_args
-from party_a.cli.report import progress, summary_rows
+from party_a.cli.report import privacy_lines, progress, summary_rows
 from party_a.errors import ConfigError, RunNotFound
 from party_a.phases import phase
 from party_a.session import open_state
@@ -203,6 +203,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{remote.step}, party A at step {trainer.step}; "
             f"{remote.alignment.aligned if remote.alignment else '?'} aligned samples"
         )
+        for line in privacy_lines(remote.privacy):  # label DP: what the user reads, and why
+            console.print(line, markup=False)
         if trainer.step < trainer.config.run.steps:
             phase("training: steps %d to %d", trainer.step + 1, trainer.config.run.steps)
         with progress(console, total=trainer.config.run.steps, start=trainer.step) as on_step:
@@ -224,7 +226,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         http = (transport.bytes_sent, transport.bytes_received)
 
     table = Table(title="FedLite-VFL training summary", show_header=False)
-    for key, value in summary_rows(summary, metrics, http):
+    evaluated = len(trainer.eval_pos) if metrics else 0
+    for key, value in summary_rows(summary, metrics, http, run=remote, evaluated=evaluated):
         table.add_row(key, value)
     console.print(table)
     if args.summary_json:

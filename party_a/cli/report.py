@@ -4,14 +4,33 @@ Nothing here is shown before it is known: the bar's loss and ratio read "-" unti
 step of this session has come back, instead of a made-up ``loss 0.0000``; a loss party B's
 label-privacy policy withholds (NaN on the wire, docs/PROTOCOL.md 4.2.2) reads "withheld by
 party B", never ``nan``, which reads as a diverged run.
+
+Under party B's label DP (``RunOut.privacy``) the user is told so when the run starts
+(``privacy_lines``) and in the summary, which shows each held-out metric as party B sent it,
+on the run's randomized labels, and beside it an estimate of the true-label metric with its
+95 % interval (``party_a.debiased``): an AUC of 0.53 on randomized labels is not a broken
+model.
 """
 
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["WITHHELD", "human_bytes", "loss_text", "progress", "summary_rows"]
+from party_a.debiased import Estimate, true_accuracy, true_auc
+
+if TYPE_CHECKING:
+    from api_schemas import RunOut, RunPrivacyOut
+
+__all__ = [
+    "WITHHELD",
+    "human_bytes",
+    "loss_text",
+    "privacy_lines",
+    "privacy_text",
+    "progress",
+    "summary_rows",
+]
 
 NOT_YET = "-"
 WITHHELD = "withheld by party B"
@@ -83,13 +102,49 @@ def _bar(console: Any, *, total: int, start: int) -> Iterator[Callable[[Any, Any
         yield update
 
 
+def privacy_text(privacy: "RunPrivacyOut | None") -> str:
+    """The run's label privacy in a few words, as the summary's row shows it."""
+    if privacy is None:
+        return "not reported by party B"
+    if not privacy.label_dp:
+        return f"no label DP ({privacy.policy}): metrics on the true labels"
+    return (
+        f"label DP on, epsilon {privacy.epsilon:g} per party B label table: party B trains "
+        "and evaluates on randomized labels"
+    )
+
+
+def privacy_lines(privacy: "RunPrivacyOut | None") -> list[str]:
+    """What ``fedlite-a train`` says when the run starts, where party B protects its labels
+    (nothing otherwise)."""
+    if privacy is None or not privacy.label_dp or privacy.epsilon is None:
+        return []
+    bound = math.exp(privacy.epsilon) / (1.0 + math.exp(privacy.epsilon))
+    lines = [
+        f"label privacy: party B gives this run label differential privacy, epsilon "
+        f"{privacy.epsilon:g} (any test of one label from what this run sends reaches an AUC "
+        f"of at most {bound:.3f}).",
+        "  Party B trains on randomized labels, one draw per label table; the loss is "
+        + ("withheld, and " if privacy.metrics == "none" else "")
+        + "evaluations are on the randomized labels, so they read lower than the model is: "
+        "the summary also estimates the true-label metrics.",
+    ]
+    return lines
+
+
 def summary_rows(
-    summary: Any, metrics: dict[str, float], http: tuple[int, int]
+    summary: Any,
+    metrics: dict[str, float],
+    http: tuple[int, int],
+    *,
+    run: "RunOut | None" = None,
+    evaluated: int = 0,
 ) -> list[tuple[str, str]]:
     """The closing table: every byte that crossed, both ways, and the held-out metrics.
 
     ``http``: message bodies this process sent and received over HTTP, every call counted
-    (PSI, alignment, steps, evaluation, finish; retries included).
+    (PSI, alignment, steps, evaluation, finish; retries included). ``run``: party B's view
+    of the run, whose privacy says how to read the metrics of ``evaluated`` held-out rows.
     """
     rows: list[tuple[str, str]] = [
         ("run", summary.run_id),
@@ -105,8 +160,42 @@ def summary_rows(
         ("rollbacks", str(summary.rollbacks)),
         ("time", f"{summary.seconds:.1f} s"),
     ]
-    rows += [(k.replace("_", " "), loss_text(v)) for k, v in metrics.items()]
+    privacy = run.privacy if run is not None else None
+    if privacy is None or not privacy.label_dp:
+        rows += [(k.replace("_", " "), loss_text(v)) for k, v in metrics.items()]
+        return rows
+    rows.append(("label privacy", privacy_text(privacy)))
+    for key, value in metrics.items():
+        if key == "eval_label_rate":  # what the estimates read; not a metric of the model
+            continue
+        rows.append((f"{key.replace('_', ' ')} (randomized labels)", loss_text(value)))
+        estimate = _true_estimate(key, metrics, privacy, run, evaluated)
+        if estimate is not None:
+            rows.append((f"{key.replace('_', ' ')}, true labels (estimate)", _interval(estimate)))
     return rows
+
+
+def _true_estimate(
+    key: str,
+    metrics: dict[str, float],
+    privacy: "RunPrivacyOut",
+    run: "RunOut | None",
+    evaluated: int,
+) -> Estimate | None:
+    """The held-out metric ``key``'s true-label estimate, where one can be made."""
+    keep = privacy.label_keep
+    if keep is None or run is None or not evaluated:
+        return None
+    if key == "eval_accuracy":
+        return true_accuracy(metrics[key], keep=keep, classes=run.num_classes, n=evaluated)
+    if key == "eval_auc" and "eval_label_rate" in metrics:
+        rate = metrics["eval_label_rate"]
+        return true_auc(metrics[key], keep=keep, label_rate=rate, n=evaluated)
+    return None
+
+
+def _interval(estimate: Estimate) -> str:
+    return f"{estimate.value:.4f} (95 % interval {estimate.low:.3f} to {estimate.high:.3f})"
 
 
 def human_bytes(n: float) -> str:

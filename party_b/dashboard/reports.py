@@ -133,6 +133,8 @@ class RunReport:
     traffic: Traffic
     width: int  # steps per point of the curves
     points: list[Point]
+    # each as party A got it (``loss``, ``metrics``) and on the true labels (``true_loss``,
+    # ``true_metrics``: party B's only; under label DP party A's are on randomized labels)
     evaluations: list[dict[str, Any]] = field(default_factory=list)
     # the run's label-privacy policy and epsilon, and its token's spend and budget
     privacy: dict[str, Any] = field(default_factory=dict)
@@ -183,9 +185,11 @@ class Reports:
             width = max(1, math.ceil(row.step / points))
             buckets = overview.step_buckets(session, run_id, width)
             recent = overview.recent_steps(session, run_id, RECENT_STEPS)
+            truths = store.operator_evaluations(session, run_id)
             evaluations = [
                 {"step": e.step, "split": e.split, "n": e.n, "loss": e.loss}
                 | {"metrics": e.metrics, "created_at": overview.as_utc(e.created_at)}
+                | _true_labels(truths.get(e.id))
                 for e in store.eval_results(session, run_id)
             ]
             privacy = run_privacy_json(
@@ -214,6 +218,14 @@ class Reports:
 
     def _rows(self, session: Session, pairs: list[tuple[store.Run, str]]) -> list[RunRow]:
         return run_rows(session, pairs, self._service)
+
+
+def _true_labels(truth: store.OperatorEvaluation | None) -> dict[str, Any]:
+    """The evaluation on the true labels (party B's own view: under label DP party A's is on
+    the randomized ones); None for an evaluation from before they were kept."""
+    if truth is None:
+        return {"true_loss": None, "true_metrics": None}
+    return {"true_loss": truth.loss, "true_metrics": truth.metrics}
 
 
 def _gauge_value(gauge: Gauge) -> int:

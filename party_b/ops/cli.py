@@ -4,6 +4,7 @@
     fedlite-b token issue|revoke|list    API tokens (issue refuses an existing name: --rotate)
     fedlite-b token budget --name N      a token's label-DP spend, and its cap (--epsilon X)
     fedlite-b privacy draws|redraw       the label tables' draws of randomized labels
+    fedlite-b evaluate RUN               a run's evaluations on the true labels (operator only)
     fedlite-b db backup --to FILE        online backup of the SQLite file, safe while serving
     fedlite-b db copy --from URL --to URL   move the state to another database (B stopped)
     fedlite-b runs list|show ID|delete ID   every caller's runs (delete: party B stopped)
@@ -476,8 +477,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_audit_parser(sub, _add, _storage_flags)
     from party_b.ops.budget_admin import add_privacy_parser
+    from party_b.ops.evaluate_admin import add_evaluate_parser
 
     add_privacy_parser(sub, _add, _storage_flags)
+    add_evaluate_parser(sub, _add, _storage_flags)
     export = _add(
         sub,
         "export",

@@ -8,6 +8,9 @@ a run it has loaded in memory): while it serves, the run's owner deletes it with
 
 import argparse
 import json
+from typing import Any
+
+from sqlalchemy.orm import Session
 
 from party_b import store
 from party_b.ops.admin import existing_database
@@ -56,10 +59,7 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
                 "created_at": run.created_at.isoformat(),
                 "checkpoints": store.checkpoint_steps(session, run.id),
                 "steps_logged": len(store.step_log(session, run.id, 0, 10**9)),
-                "evaluations": [
-                    {"step": e.step, "split": e.split, "n": e.n, "loss": e.loss, **e.metrics}
-                    for e in store.eval_results(session, run.id)
-                ],
+                "evaluations": _evaluations(session, run.id),
                 **run_privacy_json(
                     session,
                     run.id,
@@ -72,6 +72,21 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
         engine.dispose()
     print(json.dumps(shown, indent=2))
     return 0
+
+
+def _evaluations(session: Session, run_id: str) -> list[dict[str, Any]]:
+    """Each evaluation as party A got it, and (``true_labels``) the same activations scored
+    against the true labels, which under label DP differ (``fedlite-b evaluate``)."""
+    truths = store.operator_evaluations(session, run_id)
+    shown = []
+    for e in store.eval_results(session, run_id):
+        truth = truths.get(e.id)
+        true_labels = {"loss": truth.loss, **truth.metrics} if truth is not None else None
+        shown.append(
+            {"step": e.step, "split": e.split, "n": e.n, "loss": e.loss, **e.metrics}
+            | {"true_labels": true_labels}
+        )
+    return shown
 
 
 def cmd_runs_delete(args: argparse.Namespace) -> int:

@@ -6,8 +6,9 @@ Each party's request is checked on its own (``evaluate``, ``predict``: 400, 409,
 other parties' (``meetings``; at once with one party), and the meeting computes once on the
 fused activations (``fusion.fuse``). Here, and only here, evaluations meet the labels: under
 label DP the run's randomized ones (``run_targets``), so an evaluation is post-processing of
-what the run trained on. Every party that took part gets one audit row per evaluation or
-prediction, with the number of ids.
+what the run trained on; party B's operator gets the same activations scored against the
+true labels beside it (``party_b.privacy.truth``), never sent. Every party that took part
+gets one audit row per evaluation or prediction, with the number of ids.
 
 Activations that are finite but make the top model's outputs overflow are 422
 ``activations-out-of-range``, never a 500; nothing is logged for them.
@@ -29,6 +30,7 @@ from party_b import audit, store
 from party_b.errors import ProblemError
 from party_b.privacy.label_dp import run_targets
 from party_b.privacy.serving import refuse_training_ids
+from party_b.privacy.truth import label_rate, operator_evaluation
 from party_b.service import activations
 from party_b.service.context import ServiceContext
 from party_b.service.fusion import fuse
@@ -170,23 +172,29 @@ class Serving:
                 state.privacy, labels.targets(rows), rows, labels.num_outputs, labels
             )
             side = labels.side(rows) if state.trainer.model.side_features else None
+            fused = self._fused(state, parts)
             with out_of_range():
-                outcome = state.trainer.evaluate(self._fused(state, parts), targets, side)
+                outcome = state.trainer.evaluate(fused, targets, side)
+                # party B's operator's view: the true labels (never sent; privacy.truth)
+                keys = [state.aligned[p] for p in state.positions_of(split)]
+                truth = operator_evaluation(state.trainer, fused, labels, rows, side, keys)
+            metrics = outcome.metrics | label_rate(state.privacy, targets, labels.num_outputs)
             # "eval+raw": the same samples, some sent unquantized (z, not z~)
             logged = f"{split}+raw" if any(p.raw for p in parts.values()) else split
             with self._ctx.sessions() as session:
-                store.log_evaluation(
+                evaluation = store.log_evaluation(
                     session,
                     run_id=run_id,
                     step=state.step,
                     split=logged,
                     n=outcome.n,
                     loss=finite_or_none(outcome.loss),
-                    metrics={k: finite_or_none(v) for k, v in outcome.metrics.items()},
+                    metrics={k: finite_or_none(v) for k, v in metrics.items()},
                 )
+                store.log_operator_evaluation(session, evaluation, **truth)
                 session.commit()
         response = codec.encode_evaluate_response(
-            codec.EvaluateResponse(n=outcome.n, loss=outcome.loss, metrics=outcome.metrics)
+            codec.EvaluateResponse(n=outcome.n, loss=outcome.loss, metrics=metrics)
         )
         self._served("evaluate", run_id, parts, response, ids=outcome.n, split=split)
         return dict.fromkeys(parts, response)

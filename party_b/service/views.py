@@ -8,6 +8,7 @@ from api_schemas import AlignmentOut, RunCreate, RunOut, RunPrivacyOut, RunStatu
 from api_schemas.runs import AlignmentInfo
 from party_b import store
 from party_b.privacy import PrivacyPolicy
+from party_b.privacy.label_dp import keep_probability
 from party_b.service.runstate import RunState
 
 __all__ = ["alignment_out", "finite_or_none", "run_out"]
@@ -35,15 +36,18 @@ def run_out(session: Session, run: store.Run, live: RunState | None) -> RunOut:
         alignment=alignment,
         num_classes=run.num_classes,
         side_features=run.side_features,
-        privacy=privacy_out(_policy(session, run.id, live)),
+        privacy=privacy_out(_policy(session, run.id, live), run.num_classes),
     )
 
 
-def privacy_out(policy: PrivacyPolicy) -> RunPrivacyOut:
+def privacy_out(policy: PrivacyPolicy, num_classes: int) -> RunPrivacyOut:
+    epsilon = policy.label_epsilon
+    plain = epsilon is not None and not policy.prior_fraction and num_classes > 1
     return RunPrivacyOut(
         policy=policy.describe(),
-        label_dp=policy.label_epsilon is not None,
+        label_dp=epsilon is not None,
         epsilon=policy.epsilon,
+        label_keep=keep_probability(epsilon, num_classes) if plain and epsilon else None,
         metrics=policy.metrics,
         predict_train_ids=policy.answers_training_ids,
     )

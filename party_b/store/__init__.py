@@ -6,6 +6,7 @@
     queries.py      every other query the service makes
     ledger.py       the privacy ledger: epsilon spent per run, budgets per token
     draws.py        label draws: each label table's secret for its randomized labels
+    truth.py        the operator's evaluations: on the true labels, with the newest scores
     tokens.py       API tokens by name or hash, active or all; revoked hashes
     leases.py       which replica holds a run, fenced by a token (claim, fence, release)
     takeovers.py    how far a run had gone before a load rolled it back (its "behind" mark)
@@ -68,6 +69,7 @@ from party_b.store.tables import (
     EvalResult,
     IdempotencyKey,
     LabelDraw,
+    OperatorEvaluation,
     PrivacyBudget,
     PrivacyLedger,
     PsiKey,
@@ -86,6 +88,7 @@ from party_b.store.tokens import (
     token_by_hash,
     token_named,
 )
+from party_b.store.truth import log_operator_evaluation, newest_scored, operator_evaluations
 
 __all__ = [
     "ApiToken",
@@ -94,6 +97,7 @@ __all__ = [
     "EvalResult",
     "IdempotencyKey",
     "LabelDraw",
+    "OperatorEvaluation",
     "PrivacyBudget",
     "PrivacyLedger",
     "PsiKey",
@@ -133,9 +137,12 @@ __all__ = [
     "pack_answers",
     "lock_owner",
     "log_evaluation",
+    "log_operator_evaluation",
     "log_step",
     "make_engine",
     "make_session_factory",
+    "newest_scored",
+    "operator_evaluations",
     "owned_run",
     "privacy_budget",
     "psi_key",

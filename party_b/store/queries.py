@@ -165,9 +165,11 @@ def step_log(session: Session, run_id: str, start: int, limit: int) -> Sequence[
     return session.scalars(query).all()
 
 
-def log_evaluation(session: Session, **row: Any) -> None:
-    """Add one evaluation result (columns of ``EvalResult``)."""
-    session.add(EvalResult(**row))
+def log_evaluation(session: Session, **row: Any) -> EvalResult:
+    """Add one evaluation result (columns of ``EvalResult``); the row, for its id once flushed."""
+    evaluation = EvalResult(**row)
+    session.add(evaluation)
+    return evaluation
 
 
 def eval_results(session: Session, run_id: str) -> Sequence[EvalResult]:

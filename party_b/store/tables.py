@@ -32,6 +32,7 @@ __all__ = [
     "EvalResult",
     "IdempotencyKey",
     "LabelDraw",
+    "OperatorEvaluation",
     "PrivacyBudget",
     "PrivacyLedger",
     "PsiKey",
@@ -300,6 +301,35 @@ class RunLabelDraw(Base):
 
     run_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     draw_id: Mapped[int] = mapped_column(ForeignKey("label_draws.id"), index=True)
+
+
+class OperatorEvaluation(Base):
+    """An evaluation as party B's operator sees it: the activations party A sent for it,
+    scored against the true labels (under label DP party A's reply, ``eval_results``, is on
+    the randomized ones), and the model's scores of the rows, kept for the newest evaluation
+    of each split so that ``fedlite-b evaluate`` can score them against another label table.
+    Never served to party A. A table of its own, so that an older database gains it with
+    ``create_all``.
+    """
+
+    __tablename__ = "operator_evaluations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    eval_id: Mapped[int] = mapped_column(
+        ForeignKey("eval_results.id", ondelete="CASCADE"), index=True
+    )
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    split: Mapped[str] = mapped_column(String(16))
+    n: Mapped[int] = mapped_column(Integer)
+    loss: Mapped[float | None] = mapped_column(Float)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)  # on the true labels
+    # the evaluated rows' aligned keys (32 bytes each) and the model's float32 (n, C) class
+    # probabilities; None once a newer evaluation of the split keeps them
+    keys: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    scores: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    classes: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=_now)
 
 
 class TokenGrant(Base):

@@ -80,8 +80,9 @@ function privacyCard(privacy) {
   const owner = privacy.owner_privacy;
   const spent = owner.epsilon_spent === null ? "unbounded" : number(owner.epsilon_spent, 2);
   const budget = owner.epsilon_budget === null ? "no budget" : `budget ${number(owner.epsilon_budget, 2)}`;
+  const drawn = run.randomized_labels ? `; labels drawn ${run.randomized_labels.drawn}` : "";
   return ["Label privacy", run.label_dp ? `ε ${number(run.epsilon, 2)}` : "no bound",
-    `${run.policy}; token spent ${spent}, ${budget}`];
+    `${run.policy}${drawn}; token spent ${spent}, ${budget}`];
 }
 
 function cards(container, items) {
@@ -139,6 +140,10 @@ function showRuns(runs) {
   }));
 }
 
+function metricsText(metrics) {
+  return Object.entries(metrics).map(([k, v]) => `${k} ${number(v, 4)}`).join(", ");
+}
+
 function evaluationSeries(evaluations, pick) {
   const names = new Map();
   for (const e of evaluations) {
@@ -157,8 +162,10 @@ function showRun(report) {
   $("run").hidden = false;
   $("run-title").textContent = `Run ${run.name} (${run.id}) of ${run.owner}`;
   const last = report.evaluations[report.evaluations.length - 1];
-  const lastMetrics = last
-    ? Object.entries(last.metrics).map(([k, v]) => `${k} ${number(v, 4)}`).join(", ") : "none yet";
+  const labelDp = report.privacy.privacy.label_dp;
+  // under label DP party A's evaluations are on randomized labels: the card shows the truth
+  const lastMetrics = !last ? "none yet" : labelDp && last.true_metrics
+    ? `true labels: ${metricsText(last.true_metrics)}` : metricsText(last.metrics);
   cards($("run-cards"), [
     ["State", run.status, run.in_memory ? "model in memory" : "not in memory"],
     ["Step", `${number(run.step)} / ${number(run.steps)}`,
@@ -176,7 +183,12 @@ function showRun(report) {
   ]);
   const at = (p) => (p.first + p.last) / 2;
   const evalsLoss = evaluationSeries(report.evaluations, (e) => [["loss", e.loss]]);
-  const evalsMetrics = evaluationSeries(report.evaluations, (e) => Object.entries(e.metrics));
+  const evalsMetrics = evaluationSeries(report.evaluations, (e) => [
+    ...Object.entries(e.metrics).filter(([k]) => k !== "label_rate")
+      .map(([k, v]) => [labelDp ? `${k} (randomized labels)` : k, v]),
+    ...(labelDp && e.true_metrics ? Object.entries(e.true_metrics)
+      .map(([k, v]) => [`${k} (true labels)`, v]) : []),
+  ]);
   Charts.draw($("chart-loss"), { empty: "no steps yet", series: [
     { name: "train batch loss", points: report.points.map((p) => [at(p), p.loss]) },
     ...evalsLoss.map((s, i) => ({ ...s, color: (i + 1) % 6 })),
@@ -202,8 +214,8 @@ function showRun(report) {
     row([p.name, number(p.cut_dim), p.quantizer, p.downlink, number(p.steps),
       bytes(p.up_per_step), bytes(p.down_per_step), bytes(p.up_total), bytes(p.down_total)])));
   $("evaluations").tBodies[0].replaceChildren(...report.evaluations.slice().reverse().map((e) =>
-    row([number(e.step), e.split, number(e.n), number(e.loss, 4),
-      Object.entries(e.metrics).map(([k, v]) => `${k} ${number(v, 4)}`).join(", "),
+    row([number(e.step), e.split, number(e.n), number(e.loss, 4), metricsText(e.metrics),
+      e.true_metrics ? `loss ${number(e.true_loss, 4)}, ${metricsText(e.true_metrics)}` : "–",
       ago(e.created_at)])));
 }
 
