@@ -93,6 +93,11 @@ class Settings(BaseSettings):
         description="operator tokens to register at start-up, 'name:token,name:token' "
         "(stored hashed; tokens can also be issued with 'fedlite-b token issue')",
     )
+    tokens_file: Path | None = Field(
+        default=None,
+        description="tokens with their scope, expiry and client certificate, registered at "
+        "start-up from a TOML file (a mounted secret; party_b/token_file.py)",
+    )
     checkpoints_kept: int = Field(default=3, ge=2, description="checkpoints kept per run")
     torch_threads: int | None = Field(default=None, ge=1)
     device: str = Field(
@@ -269,7 +274,8 @@ def check_environment(environ: Mapping[str, str]) -> None:
 
 _FLAG_FIELDS = (
     "host", "port", "data_dir", "database_url", "labels", "id_column", "label_column",
-    "group_column", "label_source", "tokens", "ssl_certfile", "ssl_keyfile", "ssl_ca_certs",
+    "group_column", "label_source", "tokens", "tokens_file", "ssl_certfile", "ssl_keyfile",
+    "ssl_ca_certs",
     "trusted_proxy_subject", "log_level", "log_format", "access_log", "torch_threads",
     "worker_threads", "privacy", "device", "max_live_runs", "max_live_bytes", "replica_id",
 )  # fmt: skip

@@ -36,6 +36,7 @@ from party_b.settings import Settings, parse_token_list
 from party_b.store import make_engine, make_session_factory
 from party_b.store.engine import checkpoint_wal, one_at_a_time
 from party_b.subjects import normalize_subject
+from party_b.token_file import read_token_file, register_file_tokens
 
 __all__ = ["create_app"]
 
@@ -179,4 +180,7 @@ def open_database(settings: Settings) -> tuple[Engine, sessionmaker[Session]]:
         for name, token in parse_token_list(settings.tokens):
             if not auth.register_token(session, name, token):
                 log.warning("token %r from the configuration was revoked; it stays revoked", name)
+        if settings.tokens_file is not None:
+            for name in register_file_tokens(session, read_token_file(settings.tokens_file)):
+                log.warning("token %r of the tokens file was revoked; it stays revoked", name)
     return engine, sessions

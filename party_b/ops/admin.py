@@ -9,8 +9,12 @@ one: a wrong ``--data-dir`` is an error that names the path.
 import argparse
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy.orm import Session
 
 from party_b import auth, store
 from party_b.ops.maintenance import MaintenanceError, create_private_database, sqlite_path
@@ -81,7 +85,10 @@ def cmd_db_copy(args: argparse.Namespace) -> int:
 # ====================================================================== tokens
 
 
-def _token_sessions(args: argparse.Namespace, *, create: bool) -> Any:
+@contextmanager
+def _token_session(args: argparse.Namespace, *, create: bool) -> Iterator[Session]:
+    """A session on the flags' database; its engine (and any PostgreSQL connection) closed
+    at the end."""
     settings = settings_from_flags(args)
     if create:
         url = settings.resolved_database_url()
@@ -89,7 +96,12 @@ def _token_sessions(args: argparse.Namespace, *, create: bool) -> Any:
             print(f"created the database {sqlite_path(url)}", file=sys.stderr)
     else:
         url = existing_database(settings)
-    return make_session_factory(make_engine(url))
+    engine = make_engine(url)
+    try:
+        with make_session_factory(engine)() as session:
+            yield session
+    finally:
+        engine.dispose()
 
 
 def cmd_token_issue(args: argparse.Namespace) -> int:
@@ -104,7 +116,7 @@ def cmd_token_issue(args: argparse.Namespace) -> int:
     subject = _subject(args.subject) if args.subject else None
     if args.certificate_only and subject is None:
         raise ValueError("--certificate-only needs --subject: the certificate is the credential")
-    with _token_sessions(args, create=True)() as session:
+    with _token_session(args, create=True) as session:
         row = store.token_named(session, args.name)
         if row is not None and not args.rotate:
             state = "revoked" if row.revoked_at else "active"
@@ -174,7 +186,7 @@ def _refuse_subject_clash(session: Any, subject: str, name: str) -> None:
 
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:
-    with _token_sessions(args, create=False)() as session:
+    with _token_session(args, create=False) as session:
         if not auth.revoke_token(session, args.name):
             print(f"fedlite-b token revoke: no active token named {args.name!r}", file=sys.stderr)
             return 1
@@ -190,7 +202,7 @@ def cmd_token_list(args: argparse.Namespace) -> int:
     from party_b.store.grants import grant_of
 
     now = datetime.now(UTC)
-    with _token_sessions(args, create=False)() as session:
+    with _token_session(args, create=False) as session:
         names = {row.id: row.name for row in store.all_tokens(session)}
         for row in store.all_tokens(session):
             grant = grant_of(session, row.id)

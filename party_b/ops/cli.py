@@ -269,6 +269,12 @@ def _serve_parser(sub: Any) -> None:
     _storage_flags(serve)
     _label_flags(serve)
     serve.add_argument("--tokens", help="'name:token,...' to register at start-up")
+    serve.add_argument(
+        "--tokens-file",
+        type=Path,
+        help="TOML file of tokens with scope, expiry and certificate, registered at start-up "
+        "(a mounted secret; party_b/token_file.py)",
+    )
     serve.add_argument("--ssl-certfile", type=Path, help="TLS certificate (PEM)")
     serve.add_argument("--ssl-keyfile", type=Path, help="TLS private key (PEM, unencrypted)")
     serve.add_argument(

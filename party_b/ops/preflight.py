@@ -32,6 +32,14 @@ def check_files(settings: Settings) -> None:
     check_tls(settings.ssl_certfile, settings.ssl_keyfile)
     check_client_cas(settings.ssl_ca_certs, settings.ssl_certfile)
     check_trusted_proxy(settings)
+    if settings.tokens_file is not None:
+        from party_b.token_file import read_token_file
+
+        _readable(settings.tokens_file, "tokens file", "--tokens-file / FEDLITE_B_TOKENS_FILE")
+        try:
+            read_token_file(settings.tokens_file)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
 
 
 def check_trusted_proxy(settings: Settings) -> None:

@@ -4,7 +4,7 @@ section "Replicas").
 
     make replicas                                  # PostgreSQL + HAProxy + 2 replicas
     python -m party_b.ops.stack --replicas 3 --port 8080 --labels labels.csv \\
-        --tokens alice:<token> [--database-url postgresql+psycopg://...]
+        --tokens-file tokens.txt [--mutual-tls] [--database-url postgresql+psycopg://...]
 
 When every part answers, one JSON line goes to stdout: the load balancer's URL, the database
 URL and each replica's URL and process id; ``<state dir>/stack.json`` holds the same and is
@@ -13,11 +13,15 @@ rewritten whenever a replica is restarted. A replica that dies is started again 
 would. SIGTERM or Ctrl-C stops HAProxy, the replicas (SIGTERM: their graceful stop) and the
 PostgreSQL server it started.
 
-HAProxy hashes the path up to the run id (``/v1/runs/<id>``, ``balance uri depth 3``) onto a
+HAProxy hashes the run id of the path as party B reads it (percent-decoded) onto a
 consistent-hash ring, so all of a run's requests reach one replica while the set of healthy
 replicas stays the same; when a replica fails its health checks its runs move to the others,
-which take them over from the database (``party_b.service.ownership``). PostgreSQL comes from
-Debian's ``postgresql`` package and HAProxy from ``haproxy``.
+which take them over from the database (``party_b.service.ownership``). With
+``--mutual-tls`` the balancer requires and verifies client certificates and passes the
+verified subject on to the replicas over mutual TLS (``party_b.ops.certs``), so tokens bound
+to a certificate and the audit's subjects work through it. The tokens reach the replicas in
+their environment, never on a command line. PostgreSQL comes from Debian's ``postgresql``
+package and HAProxy from ``haproxy``.
 """
 
 import argparse
@@ -28,6 +32,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -39,9 +44,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from party_b.ops.certs import HOP_SUBJECT, StackCertificates, stack_certificates
 from party_b.ops.launch import MALLOC_TUNING, wait_until_healthy
 
-__all__ = ["LocalStack", "Replica", "haproxy_config", "listen_port", "local_postgres", "main"]
+__all__ = [
+    "RUN_HASH",
+    "LocalStack",
+    "Replica",
+    "haproxy_config",
+    "listen_port",
+    "local_postgres",
+    "main",
+]
 
 # HAProxy's health checks: every 500 ms, each given 2 s (a replica busy with big steps on a
 # loaded machine answered in over 300 ms and was marked down, moving its runs for nothing),
@@ -50,14 +64,23 @@ __all__ = ["LocalStack", "Replica", "haproxy_config", "listen_port", "local_post
 _CHECKS = (
     "inter 500ms fastinter 500ms fall 3 rise 2 observe layer4 error-limit 1 on-error mark-down"
 )
+# the run id as party B reads the path: percent-decoded, the segment after /v1/runs/
+# (docker/haproxy/haproxy.cfg and the Kubernetes one route the same way)
+RUN_HASH = """\
+    http-request set-var(txn.run_id) path,url_dec,field(4,/) if { path,url_dec -m beg /v1/runs/ }
+    balance hash var(txn.run_id)"""
 
 
-def haproxy_config(port: int, servers: Mapping[str, int]) -> str:
+def haproxy_config(
+    port: int, servers: Mapping[str, int], tls: StackCertificates | None = None
+) -> str:
     """HAProxy's configuration: ``127.0.0.1:port`` in front of ``servers`` {name: port}.
 
-    * ``balance uri depth 3`` + ``hash-type consistent``: the hash of ``/v1/runs/<id>`` picks
-      the replica, so a run's steps, resume, finish and reads all land on the one that holds
-      it; a replica that goes down moves only its own runs.
+    * ``balance hash`` of the run id as party B reads it (``/v1/runs/<id>/...``, percent-
+      decoded) + ``hash-type consistent``: a run's steps, resume, finish and reads all land on
+      the one replica that holds it, whatever spelling of its id a client sends (party B
+      answers any other spelling 422, from that replica); a replica that goes down moves only
+      its own runs; requests without a run id go round robin.
     * health checks every 500 ms (``/healthz``, 2 s each), out after 3 failures or at once on
       a refused connection (``observe layer4``), back after 2 passes; ``retries`` and
       ``redispatch``: a request whose connection is refused (a replica just killed) goes to
@@ -65,7 +88,23 @@ def haproxy_config(port: int, servers: Mapping[str, int]) -> str:
     * a request in flight on a replica that dies gets 502; party A resends it (steps are
       idempotent), by then to the replica that took the run over.
     * timeouts: steps can wait up to 5 s for their predecessor and take long on big models.
+    * with ``tls``: mutual TLS for party A (its client certificate verified against
+      ``ca.crt``, the request refused in the handshake without one), the verified subject
+      passed on in ``X-Fedlite-Client-Subject`` (any such header from the client dropped),
+      and mutual TLS to the replicas, which know the balancer by its own certificate
+      (``party_b.ops.certs``) and trust only it to name the caller.
     """
+    bind = f"127.0.0.1:{port}"
+    identity = ""
+    server_tls = ""
+    if tls is not None:
+        bind += f' ssl crt "{tls.pem("lb")}" ca-file "{tls.ca}" verify required alpn http/1.1'
+        identity = (
+            "    http-request del-header X-Fedlite-Client-Subject\n"
+            "    http-request set-header X-Fedlite-Client-Subject "
+            "%[ssl_c_s_dn(,0,rfc2253)] if { ssl_c_used }\n"
+        )
+        server_tls = f' ssl verify required ca-file "{tls.hop_ca}" crt "{tls.pem("lb-hop")}"'
     backends = "\n".join(
         f"    server {name} 127.0.0.1:{server_port} check" for name, server_port in servers.items()
     )
@@ -84,15 +123,15 @@ defaults
     option redispatch 1
 
 frontend party_b
-    bind 127.0.0.1:{port}
-    default_backend replicas
+    bind {bind}
+{identity}    default_backend replicas
 
 backend replicas
-    balance uri depth 3
+{RUN_HASH}
     hash-type consistent
     option httpchk GET /healthz
     http-check expect status 200
-    default-server {_CHECKS}
+    default-server {_CHECKS}{server_tls}
 {backends}
 """
 
@@ -176,26 +215,34 @@ def local_postgres(port: int) -> Iterator[str]:
 
 @dataclass
 class Replica:
-    """One ``fedlite-b serve`` replica: a fixed name (its lease holder id) and port."""
+    """One ``fedlite-b serve`` replica: a fixed name (its lease holder id) and port.
+    ``verify``: how to reach it over TLS (its CA and a client certificate), or True for
+    plain HTTP."""
 
     name: str
     port: int
     command: list[str]
     log_path: Path
     env: dict[str, str]
+    verify: ssl.SSLContext | bool = True
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if isinstance(self.verify, ssl.SSLContext) else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
     def start(self) -> None:
+        """Start it; its output goes on after what earlier starts wrote (one log for all)."""
         with self.log_path.open("ab") as log:
+            when = time.strftime("%Y-%m-%d %H:%M:%S")
+            log.write(f"--- {self.name}: start {self.starts + 1}, {when} ---\n".encode())
+            log.flush()
             self.proc = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env
             )
@@ -203,7 +250,9 @@ class Replica:
 
     def wait_healthy(self, timeout: float = 120.0) -> None:
         assert self.proc is not None
-        wait_until_healthy(self.url, self.proc, log_path=self.log_path, timeout=timeout)
+        wait_until_healthy(
+            self.url, self.proc, log_path=self.log_path, timeout=timeout, verify=self.verify
+        )
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -233,13 +282,17 @@ class LocalStack:
 
     state_dir: Path
     labels: Path
-    tokens: str  # 'name:token,...'
+    tokens: str  # 'name:token,...': the replicas read them from their environment
     replicas: int = 2
     port: int = 0  # HAProxy's; 0: a free one
     database_url: str | None = None
     restart_after: float | None = 1.0
     torch_threads: int = 1  # many processes share few cores
     extra_args: list[str] = field(default_factory=list)
+    # mutual TLS at the balancer and on the hop to the replicas (party_b.ops.certs): made in
+    # state_dir/tls when the stack starts
+    mutual_tls: bool = False
+    certificates: StackCertificates | None = None
     members: dict[str, Replica] = field(default_factory=dict)
     _stack: ExitStack = field(default_factory=ExitStack)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -247,7 +300,16 @@ class LocalStack:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.mutual_tls else 'http'}://127.0.0.1:{self.port}"
+
+    def client_tls(self, party: str = "party-a") -> ssl.SSLContext:
+        """How a feature party reaches the balancer: its CA, and ``party``'s certificate."""
+        assert self.certificates is not None, "a stack with mutual_tls"
+        context = ssl.create_default_context(cafile=str(self.certificates.ca))
+        context.load_cert_chain(
+            self.certificates.path(f"{party}.crt"), self.certificates.path(f"{party}.key")
+        )
+        return context
 
     def __enter__(self) -> "LocalStack":
         try:
@@ -266,6 +328,8 @@ class LocalStack:
         if self.database_url is None:
             self.database_url = self._stack.enter_context(local_postgres(listen_port()))
         self.port = self.port or listen_port()
+        if self.mutual_tls and self.certificates is None:
+            self.certificates = stack_certificates(self.state_dir / "tls")
         for i in range(1, self.replicas + 1):
             self.members[f"b{i}"] = self._replica(f"b{i}")
         self._stack.callback(self._stop_replicas)
@@ -281,27 +345,39 @@ class LocalStack:
 
     def _replica(self, name: str) -> Replica:
         assert self.database_url is not None
+        port = listen_port()
         command = [
             sys.executable, "-m", "party_b.ops.cli", "serve",
-            "--port", str(listen_port()),
+            "--port", str(port),
             "--database-url", self.database_url,
             "--labels", str(self.labels),
-            "--tokens", self.tokens,
             "--replica-id", name,
             "--torch-threads", str(self.torch_threads),
             "--log-level", "warning",
             *self.extra_args,
         ]  # fmt: skip
-        env = {**os.environ, **MALLOC_TUNING}
-        port = int(command[command.index("--port") + 1])
-        return Replica(name, port, command, self.state_dir / f"{name}.log", env)
+        # the tokens in the environment, not on a command line anyone can read with ps
+        env = {**os.environ, **MALLOC_TUNING, "FEDLITE_B_TOKENS": self.tokens}
+        verify: ssl.SSLContext | bool = True
+        tls = self.certificates
+        if tls is not None:
+            command += [
+                "--ssl-certfile", str(tls.path("replica.crt")),
+                "--ssl-keyfile", str(tls.path("replica.key")),
+                "--ssl-ca-certs", str(tls.hop_ca),
+                "--trusted-proxy-subject", HOP_SUBJECT,
+            ]  # fmt: skip
+            verify = ssl.create_default_context(cafile=str(tls.hop_ca))
+            verify.load_cert_chain(tls.path("replica.crt"), tls.path("replica.key"))
+        return Replica(name, port, command, self.state_dir / f"{name}.log", env, verify)
 
     def _start_haproxy(self) -> None:
         haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
         if not Path(haproxy).exists():
             raise RuntimeError("HAProxy is missing: apt-get install haproxy")
         config = self.state_dir / "haproxy.cfg"
-        config.write_text(haproxy_config(self.port, {n: r.port for n, r in self.members.items()}))
+        servers = {n: r.port for n, r in self.members.items()}
+        config.write_text(haproxy_config(self.port, servers, self.certificates))
         log = (self.state_dir / "haproxy.log").open("ab")
         self._stack.callback(log.close)
         proc = subprocess.Popen([haproxy, "-f", str(config), "-db"], stdout=log, stderr=log)
@@ -310,11 +386,12 @@ class LocalStack:
         deadline = time.monotonic() + 30
         import httpx
 
+        verify = self.client_tls() if self.mutual_tls else True
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"HAProxy exited: see {self.state_dir / 'haproxy.log'}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                if httpx.get(f"{self.url}/healthz", timeout=1.0, verify=verify).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -349,7 +426,7 @@ class LocalStack:
             self.members[name].kill9()
 
     def describe(self) -> dict[str, Any]:
-        return {
+        described: dict[str, Any] = {
             "url": self.url,
             "database_url": self.database_url,
             "replicas": {
@@ -357,6 +434,11 @@ class LocalStack:
                 for name, r in self.members.items()
             },
         }
+        if self.certificates is not None:  # what a feature party connects with
+            described["ca_bundle"] = str(self.certificates.ca)
+            described["client_cert"] = str(self.certificates.path("party-a.crt"))
+            described["client_key"] = str(self.certificates.path("party-a.key"))
+        return described
 
     def _write_state(self) -> None:
         path = self.state_dir / "stack.json"
@@ -378,10 +460,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--port", type=int, default=8080, help="HAProxy's port on 127.0.0.1")
-    parser.add_argument("--state-dir", type=Path, help="default: a new temporary directory")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="logs, configuration, certificates (default: a new temporary directory, removed "
+        "when the stack stops)",
+    )
     parser.add_argument("--labels", type=Path, help="label table (default: the demo table)")
     parser.add_argument(
-        "--tokens", help="'name:token,...' (default FEDLITE_B_TOKENS, else a new demo token)"
+        "--tokens-file",
+        type=Path,
+        help="'name:token' lines to register (default FEDLITE_B_TOKENS, else a new demo token; "
+        "never on a command line, where ps shows it)",
+    )
+    parser.add_argument(
+        "--mutual-tls",
+        action="store_true",
+        help="HTTPS at the balancer with client certificates required and verified, their "
+        "subject passed to the replicas over mutual TLS (certificates made in STATE_DIR/tls)",
     )
     parser.add_argument("--database-url", help="a running PostgreSQL (default: start one)")
     parser.add_argument("--restart-after", type=float, default=1.0)
@@ -389,17 +485,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.replicas < 1:
         parser.error("--replicas must be at least 1")
 
+    temporary = args.state_dir is None
     state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="fedlite-stack-"))
+    try:
+        return _serve_stack(args, state_dir)
+    finally:
+        if temporary:
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _tokens(tokens_file: Path | None) -> tuple[str, str | None]:
+    """('name:token,...', the demo token when one was made)."""
+    if tokens_file is not None:
+        lines = tokens_file.read_text().split()
+        return ",".join(line for line in lines if line), None
+    if os.environ.get("FEDLITE_B_TOKENS"):
+        return os.environ["FEDLITE_B_TOKENS"], None
+    shown = secrets.token_urlsafe(24)
+    return f"demo:{shown}", shown
+
+
+def _serve_stack(args: argparse.Namespace, state_dir: Path) -> int:
     labels = args.labels
     if labels is None:
         from shared.demo_data import write_party_b_demo
 
         labels = write_party_b_demo(state_dir / "party_b_labels.csv")
-    tokens = args.tokens or os.environ.get("FEDLITE_B_TOKENS")
-    token_shown = None
-    if not tokens:
-        token_shown = secrets.token_urlsafe(24)
-        tokens = f"demo:{token_shown}"
+    tokens, token_shown = _tokens(args.tokens_file)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     with LocalStack(
@@ -410,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         database_url=args.database_url,
         restart_after=args.restart_after,
+        mutual_tls=args.mutual_tls,
     ) as stack:
         ready = {**stack.describe(), "state_dir": str(state_dir)}
         if token_shown is not None:

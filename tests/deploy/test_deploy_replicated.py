@@ -1,10 +1,13 @@
 """docker/compose.replicated.yaml and its load balancer: the file validates against the
 compose spec, its party services run real commands with settings party B knows, and the
 HAProxy configuration passes ``haproxy -c`` (Debian's haproxy) and routes what the compose
-file says: to both replicas, on the port they serve, health-checked on /readyz, by run id.
+file says: to both replicas, on the port they serve, health-checked on /readyz, by the run id
+as party B decodes it, with mutual TLS on both sides of it. The demo's certificates
+(haproxy/stack-tls.sh) and its scoped, expiring, certificate-bound token (a compose secret)
+are what the balancer, the replicas and party A read.
 
-The routing itself, over real HTTP with real replicas, is the failover benchmark's (another
-issue); here: the files are what they claim."""
+The routing and identity themselves, over real HTTPS with real replicas and HAProxy, are
+tests/e2e/test_lb_routing.py's; here: the files are what they claim."""
 
 import re
 import subprocess
@@ -13,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trustme
 import yaml
 
 from party_a.cli import build_parser as party_a_parser
@@ -43,13 +45,18 @@ def _env_file(path: Path) -> dict[str, str]:
     return pairs
 
 
-def _pem(tmp_path: Path) -> Path:
-    """A certificate and its key in one PEM file, as lb-cert.sh writes it."""
-    ca = trustme.CA()
-    cert = ca.issue_cert("party-b", "localhost")
-    pem = tmp_path / "party_b.pem"
-    cert.private_key_and_cert_chain_pem.write_to_path(str(pem))
-    return pem
+def _stack_tls(tmp_path: Path) -> dict[str, Path]:
+    """The three directories stack-tls.sh fills (balancer, replicas, party A)."""
+    dirs = {name: tmp_path / name for name in ("lb", "replica", "party-a")}
+    for directory in dirs.values():
+        directory.mkdir()
+    made = subprocess.run(
+        ["sh", str(DOCKER / "haproxy" / "stack-tls.sh"), *map(str, dirs.values())],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    return dirs
 
 
 def test_the_replicated_compose_file_validates_against_the_compose_spec() -> None:
@@ -120,8 +127,11 @@ def test_the_replicas_drain_longer_than_haproxy_takes_to_mark_them_down() -> Non
 
 def test_the_load_balancer_config_passes_haproxy_check(tmp_path: Path) -> None:
     lb = _compose()["services"]["party-b"]
-    env = dict(lb["environment"])
-    env["FEDLITE_LB_CERT"] = str(_pem(tmp_path))  # the certificate lb-cert.sh would write
+    tls = _stack_tls(tmp_path)["lb"]
+    env = {  # the compose file's paths, as stack-tls.sh fills the balancer's volume
+        key: str(tls / Path(value).name) if str(value).startswith("/certs/") else str(value)
+        for key, value in lb["environment"].items()
+    }
 
     result = haproxy_check(HAPROXY, env)
 
@@ -138,8 +148,8 @@ def test_the_load_balancer_routes_by_run_id_to_both_replicas_on_their_port() -> 
     text = HAPROXY.read_text()
     port = _env_file(DOCKER / services["party-b-1"]["env_file"][0])["FEDLITE_B_PORT"]
 
-    # /v1/runs/{id}: three path segments, hashed consistently over the replicas that are up
-    assert re.search(r"^\s+balance uri path-only depth 3$", text, re.MULTILINE)
+    # the run id as party B reads it (percent-decoded), hashed consistently over the replicas
+    assert "path,url_dec,field(4,/)" in text and "balance hash var(txn.run_id)" in text
     assert re.search(r"^\s+hash-type consistent$", text, re.MULTILINE)
     assert re.search(r"^\s+option httpchk GET /readyz$", text, re.MULTILINE)
     assert "option redispatch" not in text  # a request that reached a replica stays there
@@ -151,29 +161,78 @@ def test_the_load_balancer_routes_by_run_id_to_both_replicas_on_their_port() -> 
     assert party_a["FEDLITE_A_SERVER"] == "https://party-b:8443"
     assert lb["environment"]["FEDLITE_LB_BIND"] == ":8443"
     assert lb["ports"] == ["${FEDLITE_B_PUBLISH:-127.0.0.1:8443}:8443"]
-    assert "party-b" in services["demo-tls"]["command"]
 
 
-def test_lb_cert_writes_one_private_pem_once(tmp_path: Path) -> None:
-    pem = _pem(tmp_path)
-    text = pem.read_text()
-    key_at = text.index("-----BEGIN")
-    (tmp_path / "c.crt").write_text(text[text.index("-----BEGIN CERTIFICATE") :])
-    (tmp_path / "c.key").write_text(text[key_at : text.index("-----BEGIN CERTIFICATE")])
-    script = DOCKER / "haproxy" / "lb-cert.sh"
-    args = [str(tmp_path / "c.crt"), str(tmp_path / "c.key"), str(tmp_path / "out.pem")]
+def test_identity_goes_through_the_balancer_by_mutual_tls_on_both_hops(tmp_path: Path) -> None:
+    """Client certificates required and verified at the balancer, its subject passed on in a
+    header the client cannot write, and the replicas trusting only the balancer's own
+    certificate (the hop CA's) to do so; the files stack-tls.sh writes are the ones each
+    service reads, each service getting its own."""
+    services = _compose()["services"]
+    text = HAPROXY.read_text()
+    replica = _env_file(DOCKER / services["party-b-1"]["env_file"][0])
+    party_a = services["party-a"]
+    tls = _stack_tls(tmp_path)
 
-    first = subprocess.run(["sh", str(script), *args], capture_output=True, text=True)
-    again = subprocess.run(["sh", str(script), *args], capture_output=True, text=True)
+    assert 'ca-file "${FEDLITE_LB_CLIENT_CA}" verify required' in text
+    delete = text.index("http-request del-header X-Fedlite-Client-Subject")
+    assert delete < text.index("http-request set-header X-Fedlite-Client-Subject")
+    assert "%[ssl_c_s_dn(,0,rfc2253)]" in text
+    assert 'ssl verify required ca-file "${FEDLITE_LB_HOP_CA}" crt "${FEDLITE_LB_HOP_CERT}"' in text
+    hop = subprocess.run(
+        ["openssl", "x509", "-noout", "-subject", "-nameopt", "RFC2253", "-in",
+         str(tls["lb"] / "lb-hop.pem")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert hop.stdout.strip() == f"subject={replica['FEDLITE_B_TRUSTED_PROXY_SUBJECT']}"
+    assert replica["FEDLITE_B_SSL_CA_CERTS"] == "/tls/hop-ca.crt"
+    assert sorted(p.name for p in tls["replica"].iterdir()) == [
+        Path(replica[k]).name
+        for k in ("FEDLITE_B_SSL_CA_CERTS", "FEDLITE_B_SSL_CERTFILE", "FEDLITE_B_SSL_KEYFILE")
+    ]
+    assert sorted(p.name for p in tls["party-a"].iterdir()) == [
+        "ca.crt",
+        "party_a.crt",
+        "party_a.key",
+    ]
+    assert party_a["environment"]["FEDLITE_A_CLIENT_CERT"] == "/certs/party_a.crt"
+    assert not any(p.name.endswith(".key") for p in tls["lb"].iterdir())  # no CA key anywhere
+    for key in [
+        tls["replica"] / "replica.key",
+        tls["party-a"] / "party_a.key",
+        tls["lb"] / "lb.pem",
+    ]:
+        assert key.stat().st_mode & 0o777 == 0o600
+    verified = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(tls["lb"] / "client-ca.crt"),
+         str(tls["party-a"] / "party_a.crt")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert verified.returncode == 0, verified.stderr
+    again = subprocess.run(
+        ["sh", str(DOCKER / "haproxy" / "stack-tls.sh"), *map(str, tls.values())],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert again.returncode == 0 and "keeping" in again.stdout
 
-    assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
-    assert "keeping it" in again.stdout
-    out = tmp_path / "out.pem"
-    assert out.stat().st_mode & 0o777 == 0o600
-    assert "PRIVATE KEY" in out.read_text() and "CERTIFICATE" in out.read_text()
+
+def test_the_demo_token_is_a_secret_scoped_expiring_and_bound_to_party_as_certificate() -> None:
+    from party_b.token_file import read_token_file
+
+    compose = _compose()
+    source = DOCKER / compose["secrets"]["party-b-tokens"]["file"]
+    replica = _env_file(DOCKER / compose["services"]["party-b-1"]["env_file"][0])
+    mounted = compose["services"]["party-b-1"]["secrets"][0]["target"]
+
+    (token,) = read_token_file(source)
+    assert replica["FEDLITE_B_TOKENS_FILE"] == f"/run/secrets/{mounted}"
+    assert "FEDLITE_B_TOKENS" not in replica
+    assert token.scopes == {"train", "predict"} and token.expires_at is not None
+    assert token.subject == "CN=party-a,O=FedLite demo"  # stack-tls.sh's party A certificate
+    assert _env_file(DOCKER / "env" / "party_a.env")["FEDLITE_A_TOKEN"] == token.token
 
 
-@pytest.mark.parametrize("name", ["party_b_replica.env", "postgres.env"])
+@pytest.mark.parametrize("name", ["party_b_replica.env", "postgres.env", "party_b_tokens.toml"])
 def test_demo_secrets_are_marked_as_such(name: str) -> None:
     text = (DOCKER / "env" / name).read_text()
 
