@@ -266,7 +266,10 @@ class _ParquetRead:
     ) -> None:
         import pyarrow.parquet as pq
 
-        self.file = pq.ParquetFile(path)
+        # no pre-buffering: it holds a row group's every column chunk at once (measured on
+        # the 1,000,000 x 100 benchmark table: pyarrow's pool peaked at 1 GB with it, 0.3
+        # GB without, and reading was faster)
+        self.file = pq.ParquetFile(path, pre_buffer=False)
         self.path, self.id_column, self.names = path, id_column, names
         schema = self.file.schema_arrow
         self.held: dict[str, Held] = {c: _parquet_held(c, schema.field(c).type) for c in names}
@@ -278,6 +281,8 @@ class _ParquetRead:
         self.as_number = as_number
 
     def read(self, batch_rows: int) -> TypedTable:
+        import pyarrow as pa
+
         n = self.file.metadata.num_rows
         numeric_names = [c for c in self.names if c not in self.text]
         where = {c: j for j, c in enumerate(numeric_names)}
@@ -291,18 +296,24 @@ class _ParquetRead:
             start, rows = len(ids), batch.num_rows
             batch_ids = batch.column(self.id_column).to_pandas().astype(str).tolist()
             for column in self.names:
-                values = batch.column(column).to_pandas()
+                values = batch.column(column)
                 if column in texts:
-                    texts[column].add(values)
+                    texts[column].add(values.to_pandas())
                 elif column in self.as_number and self.held[column] in ("text", "bool"):
                     matrix[start : start + rows, where[column]] = _numbers(
-                        values, column, batch_ids
+                        values.to_pandas(), column, batch_ids
                     )
-                else:
+                else:  # numbers: nulls become NaN
                     matrix[start : start + rows, where[column]] = values.to_numpy(
-                        dtype=np.float32, na_value=np.nan
+                        zero_copy_only=False
                     )
             ids.extend(batch_ids)
+            del batch
+            # pyarrow's allocator keeps what a batch freed; given back, memory holds about one
+            # batch of the file instead of several row groups (benchmarks/tables/big.py)
+            pa.default_memory_pool().release_unused()
+        del batches  # and the reader's read-ahead
+        pa.default_memory_pool().release_unused()
         check_ids(ids, self.path)
         held = dict(self.held)
         for column in numeric_names:
