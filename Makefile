@@ -94,12 +94,21 @@ loadtest: $(DEV)
 
 # Party B replicated on this machine without Docker: PostgreSQL (Debian's postgresql), HAProxy
 # (Debian's haproxy) routing each run to one replica, and two `fedlite-b serve` replicas; a
-# replica that dies is started again. Prints the URL (and a demo token) as one JSON line; Ctrl-C
-# stops it all (docs/DEPLOY.md, "Replicas"). PY runs it with another Python (tests/e2e does);
-# REPLICAS_ARGS: e.g. --replicas 3 --port 9000 --labels labels.csv --tokens alice:<token>.
+# replica that dies is started again. Mutual TLS at the balancer (client certificates required
+# and verified, their subject passed to the replicas over mutual TLS; certificates made in the
+# state directory). Prints the URL, the database, party A's CA and client certificate (and a
+# demo token) as one JSON line; Ctrl-C stops it all (docs/DEPLOY.md, "Replicas"). Installs the
+# product and the PostgreSQL driver only. PY runs it with another Python (tests/e2e does);
+# REPLICAS_ARGS: e.g. --replicas 3 --port 9000 --labels labels.csv --tokens-file tokens.txt
+# (tokens go in a file or FEDLITE_B_TOKENS, never on a command line); without --mutual-tls:
+# plain HTTP.
 PY ?= $(BIN)/python
-REPLICAS_ARGS ?= --replicas 2
-replicas: $(if $(filter $(BIN)/python,$(PY)),$(DEV))
+REPLICAS_ARGS ?= --replicas 2 --mutual-tls
+REPLICAS_DEPS := $(VENV)/.installed-replicas
+$(REPLICAS_DEPS): $(INSTALL_INPUTS)
+	PYTHON=$(PYTHON) sh docker/install.sh $(VENV) -e '.[postgres]'
+	@touch $@
+replicas: $(if $(filter $(BIN)/python,$(PY)),$(REPLICAS_DEPS))
 	$(PY) -m party_b.ops.stack $(REPLICAS_ARGS)
 
 # constraints.txt: every dependency and extra pinned, for Python 3.11-3.13 on any platform

@@ -38,6 +38,7 @@ from party_b.labels import load_label_table
 from party_b.ops.launch import free_port
 from shared.demo_data import write_party_a_demo, write_party_b_demo
 from shared.training import state_sha256
+from tests.utils.cli import run_cli
 from tests.utils.servers import ALICE, REPO_ROOT
 
 STEPS, KILLS = 600, 3
@@ -75,24 +76,32 @@ def _config(name: str, seed: int) -> PartyAConfig:
 
 
 class Stack:
-    """``make replicas`` in its own process group; ``describe()`` reads its stack.json."""
+    """``make replicas`` in its own process group; ``describe()`` reads its stack.json.
+    ``state_dir`` None: the stack's own temporary one; ``mutual_tls``: ``--mutual-tls``."""
 
-    def __init__(self, state_dir: Path, labels: Path) -> None:
-        self.state_dir = state_dir
+    def __init__(
+        self, state_dir: Path | None, labels: Path, *, log: Path, mutual_tls: bool = False
+    ) -> None:
         args = (
-            f"--replicas 2 --port {free_port()} --state-dir {state_dir} --labels {labels} "
-            f"--tokens alice:{ALICE} --restart-after 0.5"
+            f"--replicas 2 --port {free_port()} --labels {labels} --restart-after 0.5"
+            + (f" --state-dir {state_dir}" if state_dir is not None else "")
+            + (" --mutual-tls" if mutual_tls else "")
         )
-        with (state_dir.parent / "make.log").open("wb") as log:
+        with log.open("wb") as written:
             self.proc = subprocess.Popen(
                 ["make", "-s", "replicas", f"PY={sys.executable}", f"REPLICAS_ARGS={args}"],
                 cwd=REPO_ROOT,
                 stdout=subprocess.PIPE,
-                stderr=log,
+                stderr=written,
                 start_new_session=True,
-                # compared to the bit with a reference run: no label DP, whose randomized
-                # labels come from each run's own secret (the replicas inherit this)
-                env={**os.environ, "FEDLITE_B_PRIVACY": "off"},
+                # the token in the environment, never on a command line; compared to the bit
+                # with a reference run: no label DP, whose randomized labels come from each
+                # run's own secret (the replicas inherit both)
+                env={
+                    **os.environ,
+                    "FEDLITE_B_PRIVACY": "off",
+                    "FEDLITE_B_TOKENS": f"alice:{ALICE}",
+                },
             )
         lines: queue.Queue[bytes] = queue.Queue()
         assert self.proc.stdout is not None
@@ -105,9 +114,11 @@ class Stack:
             raise AssertionError("make replicas did not come up in 240 s") from None
         if not ready:
             self.stop()
-            log = (state_dir.parent / "make.log").read_text(errors="replace")
-            raise AssertionError(f"make replicas exited:\n{log[-3000:]}")
-        self.url: str = json.loads(ready)["url"]
+            text = log.read_text(errors="replace")
+            raise AssertionError(f"make replicas exited:\n{text[-3000:]}")
+        self.ready: dict[str, Any] = json.loads(ready)
+        self.url: str = self.ready["url"]
+        self.state_dir = Path(self.ready["state_dir"])
 
     def describe(self) -> dict[str, Any]:
         described: dict[str, Any] = json.loads((self.state_dir / "stack.json").read_text())
@@ -140,7 +151,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[Stack, Path, Path]]:
     features = write_party_a_demo(tmp_path / "party_a.csv")
     labels = write_party_b_demo(tmp_path / "party_b.csv")
     (tmp_path / "stack").mkdir()
-    running = Stack(tmp_path / "stack", labels)
+    running = Stack(tmp_path / "stack", labels, log=tmp_path / "make.log")
     try:
         yield running, features, labels
     finally:
@@ -252,3 +263,66 @@ def test_replicas_behind_haproxy_survive_sigkills_of_the_replica_serving_a_run(
         assert (bottom, top) == expected[seed], seed
         assert logged == list(range(1, STEPS + 1)), seed
     assert sum(summary.rollbacks for summary in results.values()) >= 1
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def _until(condition: Any, what: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(900)
+def test_make_replicas_with_mutual_tls_carries_identity_and_keeps_secrets_off_command_lines(
+    tmp_path: Path,
+) -> None:
+    """``make replicas`` (mutual TLS by default, its own temporary state directory): a
+    certificate-bound, scoped, expiring token trains through its balancer and the audit names
+    the certificate; no process of the stack has a token on its command line; a replica that
+    dies is started again with its log carried on; the temporary directory is gone at the
+    end."""
+    _require("haproxy", "haproxy")
+    _require("initdb", "postgresql")
+    features, labels = (
+        write_party_a_demo(tmp_path / "a.csv"),
+        write_party_b_demo(tmp_path / "b.csv"),
+    )
+    running = Stack(None, labels, log=tmp_path / "make.log", mutual_tls=True)
+    try:
+        ready = running.ready
+        database, state_dir = ready["database_url"], running.state_dir
+        # Execute: a token bound to the stack's demo party certificate, training through it
+        issued = run_cli(
+            "b", "token", "issue", "--name", "bank-a", "--database-url", database,
+            "--scope", "train", "--expires", "1d", "--subject", "CN=party-a,O=FedLite demo",
+        )  # fmt: skip
+        assert issued.returncode == 0, issued.stderr
+        trained = run_cli(
+            "a", "train", "--server", running.url, "--token", issued.stdout.strip(),
+            "--ca-bundle", ready["ca_bundle"], "--client-cert", ready["client_cert"],
+            "--client-key", ready["client_key"], "--features", str(features),
+            "--config", str(REPO_ROOT / "examples" / "breast.toml"), "--steps", "4",
+            "--state-dir", str(tmp_path / "state"), timeout=600,
+        )  # fmt: skip
+        audit = run_cli("b", "audit", "--database-url", database, "--actor", "bank-a", "--jsonl")
+        pids = [r["pid"] for r in running.describe()["replicas"].values()]
+        commands = [_cmdline(pid) for pid in [running.proc.pid, *pids]]
+        # a replica killed and started again by the stack
+        os.kill(pids[0], signal.SIGKILL)
+        _until(lambda: running.describe()["replicas"]["b1"]["starts"] == 2, "b1 not restarted")
+        log = (state_dir / "b1.log").read_text()
+    finally:
+        running.stop()
+
+    # Assert
+    assert trained.returncode == 0, trained.stderr
+    rows = [json.loads(line) for line in audit.stdout.splitlines() if line.strip()]
+    assert rows and {r["subject"] for r in rows} == {"CN=party-a,O=FedLite demo"}
+    assert not any(ALICE in command for command in commands), commands
+    assert "--- b1: start 1," in log and "--- b1: start 2," in log
+    assert log.index("--- b1: start 1,") < log.index("--- b1: start 2,")
+    assert not state_dir.exists()
