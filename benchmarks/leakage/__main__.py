@@ -3,6 +3,7 @@
     python -m benchmarks.leakage                   # the grid (grid.GRID), every seed
     python -m benchmarks.leakage --only recommended --merge   # re-run a part, keep the rest
     python -m benchmarks.leakage --smoke           # two 10-step runs per task and seed
+    python -m benchmarks.leakage.multirun          # the multi-run averaging attack
     python -m benchmarks.leakage.report            # renders the tables into docs/PRIVACY.md
 
 Every run is real training through the product (``benchmarks.leakage.runs``), by an honest
@@ -77,6 +78,8 @@ def main() -> None:
     # the long task first, so that the short ones fill in around it
     jobs = [(t, s) for t in sorted(args.tasks, key=lambda t: -BASE[t].steps) for s in args.seeds]
     old = report.load(args.out) if args.merge and args.out.exists() else {}
+    # the multi-run attack's records (benchmarks.leakage.multirun) stay, whatever this runs
+    multirun = report.load(args.out).get("multirun") if args.out.exists() else None
     known: dict[tuple[str, int], float] = {}
     for r in old.get("runs", []):
         if r["defence"] == "off" and r["attack"] == "best":
@@ -118,6 +121,7 @@ def main() -> None:
         "invocations": invocations,
         "runs": runs,
         "records": aggregate(runs),
+        **({"multirun": multirun} if multirun is not None else {}),
     }
     report.save(args.out, dump(doc))
     print(f"wrote {args.out}")

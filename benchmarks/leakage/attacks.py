@@ -47,7 +47,16 @@ from sklearn.neighbors import NearestNeighbors
 
 from benchmarks.leakage.runs import Recorded
 
-__all__ = ["BATCH_ATTACKS", "SIGNS", "AttackResult", "attack_run", "batch_auc", "chance_auc"]
+__all__ = [
+    "BATCH_ATTACKS",
+    "SIGNS",
+    "AttackResult",
+    "attack_run",
+    "batch_auc",
+    "chance_auc",
+    "cross_step_scores",
+    "drawn_auc",
+]
 
 Scores = NDArray[np.float64]
 SIGNS = ("oracle", "predict")
@@ -292,6 +301,20 @@ def attack_run(rec: Recorded) -> list[AttackResult]:
     return results
 
 
+def cross_step_scores(rec: Recorded) -> Scores:
+    """The cross-step attack (``chained``) on one run's honest steps: a pooled score per
+    aligned row (NaN where unvisited), with the oracle's sign, standardised over the visited
+    rows; the multi-run attack (``benchmarks.leakage.multirun``) sums it over runs."""
+    run = _Run(rec)
+    scores = _chained(run, [i for i, probe in enumerate(run.probe) if not probe])
+    seen = np.isfinite(scores)
+    out: Scores = np.full(len(scores), np.nan)
+    if seen.any():
+        sign = run.run_sign(scores, "oracle")
+        out[seen] = sign * _standardised(scores[seen])
+    return out
+
+
 def predict_auc(rec: Recorded) -> dict[str, float]:
     """What the attacker's ``predict`` scores alone give on its training rows (ordinary rows
     and canaries): the model's own inference, for comparison with the attacks."""
@@ -315,6 +338,17 @@ def batch_auc(scores: list[Scores], labels: list[NDArray[np.int64]]) -> float:
         total += len(y) * max(auc, 1.0 - auc)
         weight += len(y)
     return total / weight if weight else float("nan")
+
+
+def drawn_auc(rec: Recorded) -> float:
+    """The AUC of the labels party B trained on (randomized under label DP) as a score of
+    the canaries' labels: what the run's draw itself gives away on them. Its expectation is
+    the label-DP bound; over ~90 canaries (breast) it scatters by a few hundredths."""
+    run = _Run(rec)
+    rows = run.canaries
+    if not len(rows) or len(np.unique(rec.labels[rows])) < 2:
+        return float("nan")
+    return float(roc_auc_score(rec.labels[rows], rec.randomized[rows].astype(np.float64)))
 
 
 def chance_auc(rec: Recorded, seed: int = 0) -> dict[str, float]:

@@ -16,7 +16,13 @@ from typing import Any
 
 import torch
 
-from benchmarks.leakage.attacks import AttackResult, attack_run, chance_auc, predict_auc
+from benchmarks.leakage.attacks import (
+    AttackResult,
+    attack_run,
+    chance_auc,
+    drawn_auc,
+    predict_auc,
+)
 from benchmarks.leakage.runs import LeakRun, Recorded, train_recorded
 from party_b.privacy import DEFAULT_PRESET, parse_policy
 from party_b.privacy.label_dp import auc_bound
@@ -28,36 +34,47 @@ __all__ = [
     "METRICS",
     "SEEDS",
     "aggregate",
+    "at_epsilon",
     "grid",
     "order",
     "records_of",
     "seed_records",
 ]
 
-# The product's settings per task: the breast demo (examples/breast.toml) and the FATE
-# default_credit setting of the vertical sweep (600 steps: its held-out AUC has settled by
-# then, see the learning curves of docs/PRIVACY.md). Canaries: enough for an AUC over them
-# (about 1,200 of default_credit's 24,000 training rows, 90 of breast's 455).
+# The product's settings per task: the breast demo at the example's 100 steps
+# (examples/breast.toml) and the FATE default_credit setting of the vertical sweep (600
+# steps: its held-out AUC has settled by then, see the learning curves of docs/PRIVACY.md).
+# Canaries: enough for an AUC over them (about 1,200 of default_credit's 24,000 training
+# rows, 90 of breast's 455).
 BASE = {
-    "breast": LeakRun(task="breast", steps=200, batch_size=32, q=8, L=4, canary_fraction=0.2),
+    "breast": LeakRun(task="breast", steps=100, batch_size=32, q=8, L=4, canary_fraction=0.2),
     "default_credit": LeakRun(
         task="default_credit", steps=600, batch_size=256, q=8, L=16, canary_fraction=0.05
     ),
 }
 SEEDS = (0, 1, 2, 3, 4)  # party A's seed (model, batches, canaries); party B has its secret
 DEFAULT = DEFAULT_PRESET  # what a party B started without FEDLITE_B_PRIVACY gives new runs
-EPSILONS = (0.2, 0.7, 1.0, 2.0, 4.0)  # label DP besides the default's (the epsilon curve)
-PRIOR = 0.3  # RRWithPrior's held-aside share (party_b.privacy.prior), at these epsilons:
-PRIOR_EPSILONS = (None, 1.0, 2.0)  # None: the default's
+# the frontier: label DP at these epsilons (the default's among them: its own name), each
+# with the default's forward-corrected loss, and at PLAIN_EPSILONS with the plain loss of
+# the release before (what the correction moves); RRWithPrior's held-aside share at
+# PRIOR_EPSILONS (party_b.privacy.prior: a prior_fraction turns forward_loss off)
+EPSILONS = (0.2, 0.4, 1.0, 1.5, 2.0, 4.0)
+PLAIN_EPSILONS = (0.4, 1.0, 2.0)
+PRIOR, PRIOR_EPSILONS = 0.3, (0.4, 1.0, 2.0)
+
+
+def at_epsilon(epsilon: float, extra: str = "") -> str:
+    """The switch of the default policy at ``epsilon``, with ``extra`` overrides."""
+    default = parse_policy(DEFAULT).label_epsilon
+    return DEFAULT + ("" if epsilon == default else f",label_epsilon={epsilon:g}") + extra
+
+
 GRID: tuple[str, ...] = (
     "off",
-    "recommended",  # Marvell, the empirical defence label DP replaces as the default
-    DEFAULT,
-    *(f"{DEFAULT},label_epsilon={e:g}" for e in EPSILONS),
-    *(
-        f"{DEFAULT}{'' if e is None else f',label_epsilon={e:g}'},prior_fraction={PRIOR:g}"
-        for e in PRIOR_EPSILONS
-    ),
+    "recommended",  # Marvell, the empirical defence label DP replaced as the default
+    *(at_epsilon(e) for e in EPSILONS),
+    *(at_epsilon(e, ",forward_loss=false") for e in PLAIN_EPSILONS),
+    *(at_epsilon(e, f",prior_fraction={PRIOR:g}") for e in PRIOR_EPSILONS),
 )
 CURVE_POINTS = 6  # held-out evaluations along the honest off and default runs
 # per attack, per run: the AUCs an attack gets (attacks.AttackResult), by sign rule
@@ -121,6 +138,9 @@ def records_of(
         "predict_ids": honest.predict_ids,
         "chance_auc": chance["ordinary"],
         "chance_canary_auc": chance["canary"],
+        # the randomized labels themselves as a score of the canaries' labels: what this
+        # seed's draw gives away on its canaries, the bound as realised on them
+        "drawn_canary_auc": drawn_auc(honest),
         "rows": len(honest.train_positions),
         "canaries": int(honest.canary.sum()),
         "downlink_bytes_per_step": honest.downlink_bytes / max(len(honest.grads), 1),
@@ -250,6 +270,7 @@ def _over_seeds(attack: str, members: list[dict[str, Any]]) -> dict[str, Any]:
         "predict_canary_auc": [r["predict_canary_auc"] for r in members],
         "chance_auc": [r["chance_auc"] for r in members],
         "chance_canary_auc": [r["chance_canary_auc"] for r in members],
+        "drawn_canary_auc": [r.get("drawn_canary_auc", math.nan) for r in members],
     }
     for name, values in numbers.items():
         record[f"{name}_seeds"] = values

@@ -18,7 +18,10 @@ from benchmarks.common import RESULTS, ROOT
 DOC = ROOT / "docs" / "PRIVACY.md"
 FIGURE = ROOT / "docs" / "figures" / "privacy_utility.png"
 BEGIN, END = "<!-- BEGIN GENERATED -->", "<!-- END GENERATED -->"
-TARGET_LEAK, TARGET_COST = 0.6, 0.01  # issue 28, on default_credit and breast
+# issue 33: the default costs at most this much model AUC per task, and its canaries leak
+# within TARGET_BOUND of the label-DP bound (the guarantee holds as measured)
+TARGET_COST = {"default_credit": 0.01, "breast": 0.03}
+TARGET_BOUND = 0.01
 # the attacks in the per-attack table, in the order attacks.attack_run runs them
 ATTACKS = ("norm", "direction", "principal", "chained", "energy", "chained+knn", "energy+knn",
            "loss")  # fmt: skip
@@ -81,20 +84,24 @@ def verdict(doc: dict[str, Any]) -> list[str]:
         best = attacks["best"]
         if not best["default"]:
             continue
-        canary, ordinary, cost = best["canary_auc"], best["leak_auc"], best["auc_cost"]
-        met_canary = canary <= TARGET_LEAK and cost <= TARGET_COST
-        met_all = ordinary <= TARGET_LEAK and cost <= TARGET_COST
+        canary, cost = best["canary_auc"], best["auc_cost"]
+        target = TARGET_COST.get(task, 0.01)
+        met_cost = cost <= target
+        met_bound = best["auc_bound"] is not None and canary <= best["auc_bound"] + TARGET_BOUND
         lines.append(
             f"- {task}, {_name(best)} (`{best['policy']}`), {len(best['seeds'])} seeds of "
-            f"{best['steps']} steps: label-DP ε = {_eps(best)} per run (no attack tells one "
-            f"row's two labels apart with AUC above {_bound(best)}). Best attack (honest or "
-            f"active party A, oracle sign) on the canaries {_pm(best, 'canary_auc', 3)} "
-            f"(`{best['canary_auc_by']}`), on the ordinary training rows "
-            f"{_pm(best, 'leak_auc', 3)} (`{best['leak_auc_by']}`; `predict`'s scores alone: "
-            f"{_pm(best, 'predict_auc', 3)}); model AUC {_pm(best, 'model_auc', 4)}, cost "
-            f"{_pm(best, 'auc_cost', 4, sign=True)}. Target (leak ≤ {TARGET_LEAK} at cost ≤ "
-            f"{TARGET_COST}, on the means): on the canaries **{'met' if met_canary else 'not met'}"
-            f"**, on the ordinary rows **{'met' if met_all else 'not met'}**."
+            f"{best['steps']} steps: label-DP ε = {_eps(best)} for the label table's lifetime "
+            f"(no attack tells one row's two labels apart with AUC above {_bound(best)}). Best "
+            f"attack (honest or active party A, oracle sign) on the canaries "
+            f"{_pm(best, 'canary_auc', 3)} (`{best['canary_auc_by']}`; the draw's own "
+            f"randomized labels on those canaries: {_pm(best, 'drawn_canary_auc', 3)}), on "
+            "the ordinary "
+            f"training rows {_pm(best, 'leak_auc', 3)} (`{best['leak_auc_by']}`; `predict`'s "
+            f"scores alone: {_pm(best, 'predict_auc', 3)}); model AUC "
+            f"{_pm(best, 'model_auc', 4)}, cost {_pm(best, 'auc_cost', 4, sign=True)}. "
+            f"Target (cost ≤ {target:g}, canary leak within {TARGET_BOUND:g} of the bound, on "
+            f"the means): cost **{'met' if met_cost else 'not met'}**, leak "
+            f"**{'met' if met_bound else 'not met'}**."
         )
     return lines
 
@@ -153,40 +160,91 @@ def per_attack(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-def curve_points(doc: dict[str, Any], task: str) -> list[tuple[float, dict[str, Any]]]:
-    """(epsilon, best record) of the task's randomized-response settings (RRWithPrior's
-    aside), and ``off`` at infinity."""
+def curve_points(
+    doc: dict[str, Any], task: str, *, plain: bool = False
+) -> list[tuple[float, dict[str, Any]]]:
+    """(epsilon, best record) of the task's randomized-response settings with the default's
+    loss (``plain``: with the plain loss of the release before), RRWithPrior's aside, and
+    ``off`` at infinity."""
     points = []
     for (t, defence), attacks in _settings(doc).items():
         best = attacks["best"]
         if t != task or "prior_fraction" in defence:
             continue
-        if best["epsilon"] is not None:
+        if best["epsilon"] is not None and ("forward_loss=false" in defence) == plain:
             points.append((float(best["epsilon"]), best))
         elif best["defence"] == "off":
             points.append((math.inf, best))
     return sorted(points, key=lambda p: p[0])
 
 
+def _multirun(doc: dict[str, Any], task: str, defence: str, draws: str, runs: int) -> str:
+    """The multi-run attack's AUC of ``runs`` runs (benchmarks.leakage.multirun), or –."""
+    for r in doc.get("multirun", {}).get("records", []):
+        key = (r["task"], r["defence"], r["draws"], r["runs"])
+        if key == (task, defence, draws, runs):
+            return f"{r['leak_auc']:.3f}"
+    return "–"
+
+
 def curves(doc: dict[str, Any]) -> list[str]:
     lines = []
     for task in dict.fromkeys(r["task"] for r in doc["records"]):
+        plain = {e: b for e, b in curve_points(doc, task, plain=True) if math.isfinite(e)}
         lines += [
             "",
-            f"Privacy-utility curve, {task} (label DP by randomized response, no loss or "
-            "accuracy in the replies; ε = ∞: `off`):",
+            f"Privacy-utility curve, {task} (label DP by randomized response drawn once per "
+            "label table, the loss forward-corrected, no loss or accuracy in the replies; "
+            "ε = ∞: `off`; the multi-run attack votes 8 runs on one draw; the last column is "
+            "the release before's plain loss):",
             "",
-            "| ε | AUC bound | canary leak (best attack) | ordinary-row leak (best attack) "
-            "| model AUC | AUC cost |",
-            "|---|---|---|---|---|---|",
+            "| ε | AUC bound | canary leak (best attack) | the draw itself on the canaries "
+            "| ordinary-row leak (best attack) | multi-run leak, 8 runs | model AUC | AUC cost "
+            "| AUC cost, plain loss |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for epsilon, b in curve_points(doc, task):
+            before = plain.get(epsilon)
             lines.append(
                 f"| {'∞' if math.isinf(epsilon) else f'{epsilon:g}'}"
                 f"{' (default)' if b['default'] else ''} | {_bound(b)} | "
-                f"{_pm(b, 'canary_auc', 3)} | {_pm(b, 'leak_auc', 3)} | "
-                f"{_pm(b, 'model_auc', 4)} | {_pm(b, 'auc_cost', 4, sign=True)} |"
+                f"{_pm(b, 'canary_auc', 3)} | {_pm(b, 'drawn_canary_auc', 3)} | "
+                f"{_pm(b, 'leak_auc', 3)} | "
+                f"{_multirun(doc, task, b['defence'], 'table', 8)} | "
+                f"{_pm(b, 'model_auc', 4)} | {_pm(b, 'auc_cost', 4, sign=True)} | "
+                f"{_pm(before, 'auc_cost', 4, sign=True) if before is not None else '–'} |"
             )
+    return lines
+
+
+def multirun(doc: dict[str, Any]) -> list[str]:
+    """The multi-run averaging attack on the default: k runs by one token on one label
+    draw (the product) and with a new draw per run (what per-run secrets did)."""
+    records = doc.get("multirun", {}).get("records", [])
+    if not records:
+        return []
+    invocation = doc["multirun"]["invocation"]
+    lines = [
+        "",
+        f"The multi-run averaging attack (`{invocation['command']}`, {invocation['when']}, "
+        f"{invocation['runs']} runs in {invocation['seconds'] / 60:.0f} min, load average "
+        f"{invocation['loadavg_before'][0]:.1f} → {invocation['loadavg_after'][0]:.1f}): one "
+        "token's k runs under the default, the cross-step attack on each (oracle sign), "
+        "summed; AUC against the true labels of every training row a run visited:",
+        "",
+        "| task | labels drawn | " + " | ".join(f"k = {k}" for k in (1, 2, 4, 8, 16, 40)) + " |",
+        "|---|---|" + "---|" * 6,
+    ]
+    for task in dict.fromkeys(r["task"] for r in records):
+        for draws, name in (("table", "once per table"), ("run", "once per run (redraw)")):
+            shown = {
+                r["runs"]: r["leak_auc"]
+                for r in records
+                if (r["task"], r["draws"]) == (task, draws) and r["default"]
+            }
+            if shown:
+                cells = [f"{shown[k]:.3f}" if k in shown else "–" for k in (1, 2, 4, 8, 16, 40)]
+                lines.append(f"| {task} | {name} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -232,6 +290,7 @@ def render(doc: dict[str, Any]) -> str:
         "",
         *table(doc),
         *curves(doc),
+        *multirun(doc),
         *per_attack(doc),
         *learning_curves(doc),
     ]
@@ -280,13 +339,12 @@ def figure(doc: dict[str, Any]) -> None:
             if b["default"]:
                 leak.axvline(e, color="black", linewidth=0.8)
                 cost.axvline(e, color="black", linewidth=0.8)
-        leak.axhline(TARGET_LEAK, color="grey", linestyle=":", linewidth=1)
-        cost.axhline(TARGET_COST, color="grey", linestyle=":", linewidth=1)
+        cost.axhline(TARGET_COST.get(task, 0.01), color="grey", linestyle=":", linewidth=1)
         for ax in (leak, cost):
             ax.set_xscale("log")
             ax.set_xticks(eps, [f"{e:g}" for e in eps])
             ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-            ax.set_xlabel("label-DP ε per run (vertical line: the default)")
+            ax.set_xlabel("label-DP ε per label table (vertical line: the default)")
         leak.set_ylabel("attack AUC (oracle sign)")
         cost.set_ylabel("model AUC cost (vs off, same seed)")
         leak.set_title(f"{task}: leak against ε")
