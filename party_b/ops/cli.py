@@ -147,12 +147,15 @@ def _record_served(settings: Any) -> None:
 
 
 def _cmd_health(args: argparse.Namespace) -> int:
-    """Exit 0 when the local server answers /healthz (the container's health check)."""
+    """Exit 0 when the local server answers /healthz, or with --ready /readyz (the
+    container's health check; Kubernetes' probes of a replica that requires client
+    certificates, which the kubelet's own probes cannot present)."""
     import urllib.request
 
     settings = settings_from_flags(args)
     scheme = "https" if settings.ssl_certfile else "http"
-    url = f"{scheme}://127.0.0.1:{settings.port}/healthz"
+    route = "readyz" if args.ready else "healthz"
+    url = f"{scheme}://127.0.0.1:{settings.port}/{route}"
     # Liveness of our own process on loopback: the certificate names the public host, not
     # 127.0.0.1, so it is not verified here (party A verifies it).
     context = None
@@ -476,6 +479,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     health.add_argument("--client-key", type=Path, help="its private key")
     health.add_argument("--timeout", type=float, default=5.0)
+    health.add_argument(
+        "--ready",
+        action="store_true",
+        help="ask /readyz (started, not draining, database answering) instead of /healthz",
+    )
     health.set_defaults(func=_cmd_health)
     _db_parser(sub)
     _runs_parser(sub)

@@ -323,9 +323,19 @@ def test_a_certificate_bound_token_trains_through_the_balancer_and_the_audit_nam
     with balanced.client(token, party="party-x") as client:  # a subject header of its own
         spoofed = client.get("/v1/runs", headers={"X-Fedlite-Client-Subject": SUBJECT})
     audit = run_cli("b", "audit", "--database-url", url, "--jsonl")
+    # a pod's own probe (Kubernetes' readiness): its certificate, the replica's /readyz
+    probe_env = {
+        "FEDLITE_B_SSL_CERTFILE": str(tls.path("replica.crt")),
+        "FEDLITE_B_SSL_KEYFILE": str(tls.path("replica.key")),
+        "FEDLITE_B_SSL_CA_CERTS": str(tls.hop_ca),
+    }
+    ready = run_cli(
+        "b", "health", "--ready", "--port", str(balanced.first.port), env=probe_env
+    )  # fmt: skip
 
     # Assert
     assert trained.returncode == 0, trained.stderr
+    assert ready.returncode == 0 and "/readyz: ok" in ready.stdout, ready.stderr
     assert wrong.returncode == 2 and "certificate" in wrong.stderr, wrong.stderr
     assert spoofed.status_code == 401 and spoofed.json()["reason"] == "certificate"
     rows = [json.loads(line) for line in audit.stdout.splitlines() if line.strip()]
