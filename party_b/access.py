@@ -57,7 +57,10 @@ __all__ = [
 class Action(StrEnum):
     """What a route does, as far as access is concerned."""
 
-    READ = "read"  # GET a run, the runs, the step log, evaluations, PSI info
+    READ = "read"  # GET a run, the runs, PSI info
+    # GET a run's step log and evaluations: label-derived metrics, more than a scoring
+    # partner needs (docs/DEPLOY.md: a predict token does PSI and scores)
+    READ_LOGS = "read-logs"
     CREATE_RUN = "create-run"
     PSI = "psi"  # a private set intersection (training and serving both need one)
     ALIGN = "align"
@@ -73,6 +76,7 @@ SCOPES: dict[str, frozenset[Action]] = {
     "train": frozenset(
         {
             Action.READ,
+            Action.READ_LOGS,
             Action.CREATE_RUN,
             Action.PSI,
             Action.ALIGN,
@@ -83,7 +87,7 @@ SCOPES: dict[str, frozenset[Action]] = {
         }
     ),
     "predict": frozenset({Action.READ, Action.PSI, Action.PREDICT}),
-    "read": frozenset({Action.READ}),
+    "read": frozenset({Action.READ, Action.READ_LOGS}),
 }
 ALL_SCOPES = frozenset(SCOPES)
 
@@ -91,6 +95,7 @@ ALL_SCOPES = frozenset(SCOPES)
 PARTY_ACTIONS = frozenset(
     {
         Action.READ,
+        Action.READ_LOGS,
         Action.PSI,
         Action.ALIGN,
         Action.STEP,

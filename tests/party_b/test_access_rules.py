@@ -46,7 +46,9 @@ def test_scopes() -> None:
     # a predict-only token cannot create runs or steps; a train token can do all of training
     assert Action.CREATE_RUN not in SCOPES["predict"] and Action.STEP not in SCOPES["predict"]
     assert Action.PREDICT not in SCOPES["train"]
-    assert SCOPES["read"] <= SCOPES["predict"] and SCOPES["read"] <= SCOPES["train"]
+    assert SCOPES["read"] <= SCOPES["train"]
+    # a scoring partner reads runs, not their step logs or evaluations (label-derived)
+    assert SCOPES["predict"] & SCOPES["read"] == {Action.READ}
 
 
 def test_authorize_names_the_scope_and_what_is_needed() -> None:

@@ -75,6 +75,6 @@ async def predict(request: Request, run_id: str, who: AdmittedDep, service: Serv
 
 @router.get(f"{RUN}/evaluations", tags=["runs"], **contract(problems=OF_A_RUN))
 async def evaluations(
-    request: Request, run_id: str, who: Annotated[Caller, allowed(A.READ)], service: ServiceDep
+    request: Request, run_id: str, who: Annotated[Caller, allowed(A.READ_LOGS)], service: ServiceDep
 ) -> list[EvalResultOut]:
     return await in_thread(request, service.runs.eval_results, who, run_id)

@@ -96,7 +96,7 @@ async def resume(
 async def step_log(
     request: Request,
     run_id: str,
-    who: Annotated[Caller, allowed(A.READ)],
+    who: Annotated[Caller, allowed(A.READ_LOGS)],
     service: ServiceDep,
     start: Annotated[int, Query(ge=0, le=MAX_STEP)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,

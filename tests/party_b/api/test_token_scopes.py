@@ -1,7 +1,8 @@
 """Tokens with scope and expiry, issued with ``fedlite-b token issue`` and checked over HTTP.
 
 * a predict-only token scores the training token's runs (``--runs-of``) and can neither create
-  runs, align, step, evaluate nor delete: 403 ``forbidden`` naming its scope and the one needed,
+  runs, align, step, evaluate nor delete, nor read a run's step log or evaluations (PSI and
+  scores only, as DEPLOY.md says): 403 ``forbidden`` naming its scope and the one needed,
   before the run is looked up (an unknown run id gets the same 403);
 * a read-only token only reads;
 * an expired token is 401 with ``reason: "expired"``; ``token list`` shows scope and expiry;
@@ -83,6 +84,7 @@ def _calls(run: SmallRun) -> dict[str, tuple[str, str, dict[str, Any]]]:
         "read": ("GET", f"/v1/runs/{run.id}", {}),
         "list": ("GET", "/v1/runs", {}),
         "log": ("GET", f"/v1/runs/{run.id}/steps", {}),
+        "evaluations": ("GET", f"/v1/runs/{run.id}/evaluations", {}),
         "psi-info": ("GET", "/v1/psi", {}),
     }  # fmt: skip
 
@@ -105,6 +107,10 @@ def test_a_predict_only_token_scores_the_trainers_runs_and_can_do_nothing_else(
             body = problem(client.request(method, path, **kwargs), 403, "forbidden")
             assert body["reason"] == "scope" and body["scope"] == ["predict"], body
             assert body["needs"] == ["train"] and "'scorer' has scope predict" in body["detail"]
+        for name in ("log", "evaluations"):  # label-derived metrics: not a scorer's
+            method, path, kwargs = calls[name]
+            body = problem(client.request(method, path, **kwargs), 403, "forbidden")
+            assert body["needs"] == ["read", "train"], body
         # the scope is checked before the run: an id that names no run is the same 403
         problem(
             client.post("/v1/runs/nosuchrun/steps", content=b"", headers=MSGPACK), 403, "forbidden"
@@ -125,7 +131,7 @@ def test_a_read_only_token_reads_and_is_refused_the_rest(party_b: tuple[str, Pat
         run = aligned_run(trainer)
         for name, (method, path, kwargs) in _calls(run).items():
             answer = client.request(method, path, **kwargs)
-            if name in ("read", "list", "log", "psi-info"):
+            if name in ("read", "list", "log", "evaluations", "psi-info"):
                 assert answer.status_code == 200, (name, answer.text)
             else:
                 assert problem(answer, 403, "forbidden")["needs"], name
