@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from party_b.labels import LabelSource
 
 __all__ = [
-    "DRAW_KEY_BYTES",
     "RunDraw",
     "TableIdentity",
     "draw_key",
@@ -54,7 +53,6 @@ __all__ = [
     "table_draw",
 ]
 
-DRAW_KEY_BYTES = 32  # the key a run stores after its own secret (secret.RunPrivacy)
 _CACHED = 8  # label tables whose id codes are kept in memory (one per draw, usually one)
 _codes: "OrderedDict[bytes, tuple[Sequence[str], NDArray[np.uint64]]]" = OrderedDict()
 _codes_lock = threading.Lock()

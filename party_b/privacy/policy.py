@@ -48,8 +48,9 @@ Fields (docs/PRIVACY.md measures what each costs):
   while each row's noise keeps (1 - 1/rows) of its variance. The price: the batch's summed
   gradient reaches party A exactly (it always did up to noise of sqrt(rows) times a row's).
 - ``label_epsilon``: label differential privacy by randomized response (classification only):
-  each row's label is replaced once, for the whole run, by itself with probability
-  e^eps / (e^eps + C - 1) and otherwise by another class drawn uniformly; training,
+  each label is replaced once per label table (``party_b.privacy.draws``: every run on it
+  sees the same), by itself with probability e^eps / (e^eps + C - 1) and otherwise by
+  another class drawn uniformly; training,
   evaluation and the logs then see only the randomized labels, so everything party A
   receives is eps-label-DP (``party_b.privacy.label_dp``; docs/PRIVACY.md states the
   guarantee).

@@ -11,7 +11,7 @@ probability under one label is at most e^eps times its probability under another
 row is eps-label-DP for any prior that does not depend on its own label.
 
 The prior, as the paper's two stages: a seeded share ``prior_fraction`` of party B's rows
-(the held-aside part, chosen by the run's secret) gets plain randomized response at the same
+(the held-aside part, chosen by the label draw) gets plain randomized response at the same
 epsilon; a multinomial logistic regression of those randomized labels on party B's own
 feature columns is the prior of every other row, which gets RRWithPrior. Each label goes
 through exactly one of the two mechanisms, and the prior depends on the held-aside rows'
@@ -112,8 +112,9 @@ def prior_of(
     held_aside: Callable[[], tuple[NDArray[np.int64], NDArray[np.int64]]],
 ) -> NDArray[np.float64]:
     """The prior (n, C) of ``rows``: the run's regression applied to their feature columns.
-    It is fitted once per run (and cached by the run's secret) on ``held_aside()``: the
-    held-aside rows, ascending, and their randomized labels."""
+    It is fitted once per label draw (cached by its key; a run from before draws: by its
+    secret) on ``held_aside()``: the held-aside rows, ascending, and their randomized
+    labels."""
     weights = _CACHE.get(secret)
     if weights is None:
         fit_rows, randomized = held_aside()

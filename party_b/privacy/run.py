@@ -1,10 +1,11 @@
 """A run's privacy (policy + secret) and ``protected_step``, the one call the step protocol
 makes (``party_b.service.steps``) in place of ``TopTrainer.compute_step``.
 
-Its randomness comes from the run's privacy secret, which party B draws at run creation and
-never sends: seeds derived from the run's seed alone would let party A, who chose that
-seed, regenerate the noise and subtract it, or learn which labels the randomized response
-flipped.
+Its randomness comes from secrets party B never sends: the run's own (gradient noise),
+drawn at run creation, and its label table's draw (randomized labels, the same in every run
+on the table: ``draws``). Seeds derived from the run's seed alone would let party A, who
+chose that seed, regenerate the noise and subtract it, or learn which labels the randomized
+response flipped.
 """
 
 import numpy as np
