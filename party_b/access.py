@@ -48,6 +48,7 @@ __all__ = [
     "Identity",
     "authorize",
     "identify",
+    "parse_duration",
     "parse_expiry",
     "parse_scopes",
     "presented_subject",
@@ -145,12 +146,16 @@ def parse_expiry(text: str, *, now: datetime | None = None) -> datetime:
     ``90m``, ``2w``, ``3600s``) or a UTC date or date-time (``2027-01-31``,
     ``2027-01-31T12:00:00Z``). ValueError otherwise, or for a moment not in the future."""
     now = now or datetime.now(UTC)
-    match = _DURATION.match(text)
-    if match:
-        amount = int(match.group(1))
-        if amount <= 0:
+    duration = parse_duration(text, "--expires")
+    if duration is not None:
+        if duration <= timedelta(0):
             raise ValueError(f"--expires {text!r}: a duration must be positive")
-        return now + timedelta(seconds=amount * _UNITS[match.group(2)])
+        try:
+            return now + duration
+        except OverflowError:
+            raise ValueError(
+                f"--expires {text!r} is past the year 9999: give a shorter duration or a date"
+            ) from None
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
@@ -162,6 +167,20 @@ def parse_expiry(text: str, *, now: datetime | None = None) -> datetime:
     if moment <= now:
         raise ValueError(f"--expires {text!r} is not in the future")
     return moment
+
+
+def parse_duration(text: str, flag: str) -> timedelta | None:
+    """``30d``, ``12h``, ``90m``, ``2w``, ``3600s`` as a timedelta; None for text that is not
+    a duration; ValueError naming ``flag`` for one no timedelta holds (``99999999999d``)."""
+    match = _DURATION.match(text)
+    if not match:
+        return None
+    try:
+        return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+    except OverflowError:
+        raise ValueError(
+            f"{flag} {text!r}: a duration of at most 999,999,999 days (about 2.7 million years)"
+        ) from None
 
 
 @dataclass(frozen=True)

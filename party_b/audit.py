@@ -10,7 +10,10 @@ run=4f0c... ids=512 outcome=ok`` in the text format, the same fields as JSON mem
 
 ``actor`` is the token's name, ``subject`` the client certificate's (mutual TLS); ``ids`` is
 the number of ids the call concerned: offered in a PSI request, aligned, evaluated, scored.
-Calls refused for their scope are recorded too (``outcome=refused``).
+Calls refused for their scope are recorded too (``outcome=refused``), and so are evaluations
+and predictions refused after it (``refused``: the problem's ``status`` and ``problem``, e.g.
+a 403 ``privacy-refused`` for training ids, a 400 body, a 404 run): who tried to score what
+is the trail's point, whether or not party B answered.
 """
 
 import logging
@@ -18,11 +21,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from party_b.errors import ProblemError
 from party_b.service.runstate import Caller
 from party_b.store.audit import add_audit_entry
 from party_b.store.tables import AuditEntry
 
-__all__ = ["AUDIT_LOGGER", "record"]
+__all__ = ["AUDIT_LOGGER", "AUDITED_REFUSALS", "record", "refused"]
 
 AUDIT_LOGGER = "fedlite.audit"
 log = logging.getLogger(AUDIT_LOGGER)
@@ -62,6 +66,27 @@ def record(
         }
     text = " ".join(f"{k}={_value(v)}" for k, v in fields.items() if v is not None and k != "at")
     log.info("audit %s", text, extra={"audit": fields})
+
+
+# what a refusal of an audited call is recorded for: the caller's mistake or probe (a bad
+# body, another run's id, training ids the policy does not score, a limit), not a wait that
+# party A resends by itself (409) or party B's own state (5xx)
+AUDITED_REFUSALS = frozenset({400, 403, 404, 413, 422})
+
+
+def refused(
+    sessions: sessionmaker[Session],
+    caller: Caller,
+    action: str,
+    run_id: str | None,
+    error: ProblemError,
+) -> None:
+    """Record ``action`` refused with ``error``, if its status is one of AUDITED_REFUSALS."""
+    if error.status in AUDITED_REFUSALS:
+        slug = str(error.type).rsplit(":", 1)[-1]
+        record(
+            sessions, caller, action, run_id, outcome="refused", status=error.status, problem=slug
+        )
 
 
 def _value(value: Any) -> str:

@@ -1,7 +1,7 @@
 """What routes depend on: the caller (bearer token and/or client certificate) allowed to do
 the route's action, the service, worker threads, msgpack."""
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Annotated, Any, ParamSpec, TypeVar
 
@@ -29,6 +29,7 @@ __all__ = [
     "CallerDep",
     "ServiceDep",
     "allowed",
+    "audited",
     "client_subject",
     "in_thread",
     "msgpack",
@@ -141,6 +142,20 @@ class _PartyAllowed(_Allowed):
         if (caller.party.run_id, caller.party.party) != (run_id, party):
             raise ProblemError.not_found(f"no party {party!r} of run {run_id!r} for this token")
         return await self.admit(request, caller)
+
+
+async def audited(
+    request: Request, caller: Caller, action: Action, run_id: str, call: Awaitable[T]
+) -> T:
+    """``await call``, with a refusal of it in the audit trail (``audit.refused``): for the
+    calls the trail is about (evaluate, predict), a caller refused after its scope check is
+    recorded as one refused for its scope is (``_Allowed.admit``)."""
+    try:
+        return await call
+    except ProblemError as error:
+        record = partial(audit.refused, request.app.state.sessions, caller, action, run_id, error)
+        await anyio.to_thread.run_sync(record)
+        raise
 
 
 def allowed(action: Action, *, party: bool = False) -> Any:

@@ -28,13 +28,21 @@ __all__ = ["add_audit_parser", "cmd_audit"]
 
 
 def _moment(text: str, flag: str) -> datetime:
-    """A UTC date or date-time, or a duration back from now (``7d``)."""
-    from party_b.access import parse_expiry
+    """A UTC date or date-time, or a duration back from now (``7d``); ValueError naming the
+    flag for anything else, and for a duration reaching back before the year 1."""
+    from party_b.access import parse_duration
 
     now = datetime.now(UTC)
+    duration = parse_duration(text, flag)
+    if duration is not None:
+        try:
+            return now - duration
+        except OverflowError:
+            raise ValueError(
+                f"{flag} {text!r} reaches back before the year 1: give a shorter duration "
+                "or a date (2026-11-01)"
+            ) from None
     try:
-        if text.strip()[-1:] in "smhdw" and text.strip()[:-1].strip().isdigit():
-            return now - (parse_expiry(text, now=now) - now)
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         raise ValueError(

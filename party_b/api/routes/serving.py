@@ -15,7 +15,7 @@ from party_b.api.contract import (
     ContractRoute,
     contract,
 )
-from party_b.api.deps import AdmittedDep, ServiceDep, allowed, in_thread, msgpack
+from party_b.api.deps import AdmittedDep, ServiceDep, allowed, audited, in_thread, msgpack
 from party_b.api.doors import RUN, answered, both
 from party_b.service import Caller
 
@@ -54,7 +54,9 @@ async def evaluate(
 ) -> Response:
     body = await request.body()
     check = partial(service.serving.evaluate, who, run_id, body, split)
-    return msgpack(await answered(request, run_id, check))
+    return msgpack(
+        await audited(request, who, A.EVALUATE, run_id, answered(request, run_id, check))
+    )
 
 
 @both(
@@ -70,7 +72,7 @@ async def evaluate(
 async def predict(request: Request, run_id: str, who: AdmittedDep, service: ServiceDep) -> Response:
     body = await request.body()
     check = partial(service.serving.predict, who, run_id, body)
-    return msgpack(await answered(request, run_id, check))
+    return msgpack(await audited(request, who, A.PREDICT, run_id, answered(request, run_id, check)))
 
 
 @router.get(f"{RUN}/evaluations", tags=["runs"], **contract(problems=OF_A_RUN))
