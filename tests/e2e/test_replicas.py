@@ -11,7 +11,6 @@ missing, failed under CI (``.ci/run`` installs both).
 import json
 import os
 import queue
-import random
 import shutil
 import signal
 import subprocess
@@ -41,7 +40,8 @@ from shared.training import state_sha256
 from tests.utils.cli import run_cli
 from tests.utils.servers import ALICE, REPO_ROOT
 
-STEPS, KILLS = 600, 3
+STEPS = 600
+KILL_AT = (150, 300, 450)  # run 0's steps at which the replica holding it is killed
 
 
 def _require(program: str, package: str) -> None:
@@ -187,23 +187,39 @@ def _holder(sessions: sessionmaker[Session], run_id: str) -> str:
     return lease[0]
 
 
+class _KillGate:
+    """Holds run 0's trainer at each step of ``KILL_AT`` (from its ``on_step``) until the
+    replica holding the run has been SIGKILLed: the kills land at those steps, with the
+    pipelined step after them in flight, however fast the machine trains (killing at random
+    moments let a fast run finish before the third kill)."""
+
+    def __init__(self) -> None:
+        self.arrived: queue.Queue[int] = queue.Queue()
+        self.resume = threading.Event()
+
+    def on_step(self, step: int) -> None:
+        if step in KILL_AT:
+            self.arrived.put(step)
+            assert self.resume.wait(600), "the killer never let the run go on"
+            self.resume.clear()
+
+
 def _kill_the_holder_of(
-    running: Stack,
-    sessions: sessionmaker[Session],
-    trainer: PartyATrainer,
-    reached: dict[int, int],
-    training: threading.Thread,
+    running: Stack, sessions: sessionmaker[Session], trainer: PartyATrainer, gate: _KillGate
 ) -> list[tuple[str, int]]:
-    """SIGKILL the replica holding the run ``KILLS`` times, each at a random moment once
-    both replicas are up again (the stack restarts a killed one)."""
-    rng = random.Random(25)
+    """At each step of ``KILL_AT``, once both replicas are up (the stack restarts a killed
+    one), SIGKILL the replica holding the run, then let the run go on."""
     killed: list[tuple[str, int]] = []
-    while len(killed) < KILLS and training.is_alive() and reached[0] < STEPS - 40:
-        time.sleep(rng.uniform(0.2, 1.0))
-        if running.all_up():
-            name = _holder(sessions, trainer.run_id)
-            os.kill(running.describe()["replicas"][name]["pid"], signal.SIGKILL)
-            killed.append((name, reached[0]))
+    for _ in KILL_AT:
+        step = gate.arrived.get(timeout=600)
+        deadline = time.monotonic() + 120
+        while not running.all_up():  # polled; a restarted replica warms up in seconds
+            assert time.monotonic() < deadline, "a replica did not come back"
+            time.sleep(0.2)
+        name = _holder(sessions, trainer.run_id)
+        os.kill(running.describe()["replicas"][name]["pid"], signal.SIGKILL)
+        killed.append((name, step))
+        gate.resume.set()
     return killed
 
 
@@ -225,11 +241,11 @@ def test_replicas_behind_haproxy_survive_sigkills_of_the_replica_serving_a_run(
         )
         for seed in (0, 1)
     }
-    reached = dict.fromkeys(trainers, 0)
+    gate = _KillGate()
     results: dict[int, Any] = {}
-    for seed, trainer in trainers.items():
+    for trainer in trainers.values():
         trainer.prepare()
-        trainer.on_step = lambda r, _s, seed=seed: reached.__setitem__(seed, r.step)
+    trainers[0].on_step = lambda r, _s: gate.on_step(r.step)
 
     def train(seed: int) -> None:
         try:
@@ -242,8 +258,7 @@ def test_replicas_behind_haproxy_survive_sigkills_of_the_replica_serving_a_run(
     try:
         for thread in threads:
             thread.start()
-        killed = _kill_the_holder_of(running, store.make_session_factory(engine), trainers[0],
-                                     reached, threads[0])  # fmt: skip
+        killed = _kill_the_holder_of(running, store.make_session_factory(engine), trainers[0], gate)
         for thread in threads:
             thread.join(600)
     finally:
@@ -251,7 +266,7 @@ def test_replicas_behind_haproxy_survive_sigkills_of_the_replica_serving_a_run(
         for trainer in trainers.values():
             trainer.close()
 
-    assert len(killed) == KILLS, killed
+    assert [step for _name, step in killed] == list(KILL_AT), killed
     for seed, trainer in trainers.items():
         summary = results[seed]
         assert not isinstance(summary, Exception), summary
