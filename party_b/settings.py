@@ -114,8 +114,9 @@ class Settings(BaseSettings):
     max_live_bytes: int | None = Field(
         default=None,
         ge=1,
-        description="bytes of training runs' tensors and arrays kept in memory (default: no "
-        "byte bound); the least recently used runs leave memory first",
+        description="bytes of training runs' tensors and arrays kept in memory (default: half "
+        "the memory of the machine, or of its container's limit); the least recently used "
+        "runs leave memory first (party_b/service/bounds.py)",
     )
     replica_id: str | None = Field(
         default=None,

@@ -32,6 +32,7 @@ from party_b.labels import LabelSource, load_label_table
 from party_b.metrics import Metrics
 from party_b.privacy import PrivacyPolicy
 from party_b.service import LiveBounds, build_service
+from party_b.service.bounds import default_live_bytes
 from party_b.settings import Settings, parse_token_list
 from party_b.store import make_engine, make_session_factory
 from party_b.store.engine import checkpoint_wal, one_at_a_time
@@ -68,7 +69,7 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
         checkpoints_kept=settings.checkpoints_kept,
         privacy=settings.privacy_policy(),
         step_hold=settings.step_hold_seconds,
-        bounds=LiveBounds(settings.max_live_runs, settings.max_live_bytes),
+        bounds=live_bounds(settings),
         replica_id=settings.replica_id,
         party_wait=settings.party_wait_seconds,
     )
@@ -125,6 +126,20 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     # Outermost, so that it also counts what BodyLimitMiddleware refuses (route "unmatched").
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
+
+
+def live_bounds(settings: Settings) -> LiveBounds:
+    """The runs in memory: the settings', a byte budget derived from the memory by default."""
+    max_bytes = settings.max_live_bytes
+    if max_bytes is None:
+        max_bytes = default_live_bytes()
+        log.info(
+            "training runs in memory: at most %s runs and %.1f GiB of their tensors (half the "
+            "memory party B may use; FEDLITE_B_MAX_LIVE_BYTES sets another)",
+            settings.max_live_runs or "any number of",
+            max_bytes / 2**30,
+        )
+    return LiveBounds(settings.max_live_runs, max_bytes)
 
 
 def log_privacy(policy: PrivacyPolicy, *, explicit: bool) -> None:

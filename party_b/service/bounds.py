@@ -1,5 +1,6 @@
 """How many training runs party B keeps in memory: a count and a byte budget, least recently
-used first out (``FEDLITE_B_MAX_LIVE_RUNS``, ``FEDLITE_B_MAX_LIVE_BYTES``).
+used first out (``FEDLITE_B_MAX_LIVE_RUNS``, ``FEDLITE_B_MAX_LIVE_BYTES``; unset, the byte
+budget is half the memory of the machine or of its container: ``default_live_bytes``).
 
 A run out of memory costs nothing but a reload: it is checkpointed at its applied step when
 it leaves (``ownership.Ownership.park``) and its next request loads that checkpoint, so
@@ -9,17 +10,48 @@ cache looks at it while no request is using it; the interpreter's own overhead a
 allocator's slack are not in it, so a byte budget is a budget for runs, not for the process.
 """
 
+import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from party_b.service.runstate import RunState
 
-__all__ = ["LiveBounds", "footprint", "over_bounds"]
+__all__ = ["LiveBounds", "default_live_bytes", "footprint", "memory_available", "over_bounds"]
 
 KEY_BYTES = 32 + 33  # an aligned key: 32 bytes in a bytes object of 33 bytes' overhead
+
+# The share of the memory party B may use that its runs' tensors get by default: the rest is
+# the process itself (torch, the label table, the interpreter: ~0.7 GB idle on the demo) and
+# the allocator's slack, which a footprint does not count. Without it, the default of 32 runs
+# could ask for about 25 GB with 50 M-parameter top models (issue 34).
+DEFAULT_LIVE_SHARE = 0.5
+# cgroup v2, then v1: a container's memory limit, which the machine's memory does not show
+CGROUP_LIMITS = (
+    Path("/sys/fs/cgroup/memory.max"),
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+)
+
+
+def memory_available(cgroup_limits: Iterable[Path] = CGROUP_LIMITS) -> int:
+    """Bytes this process may use: the machine's memory, or its container's limit if lower."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in cgroup_limits:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max" (v2) means none; v1 says "none" with a huge number
+            return min(physical, int(text))
+    return physical
+
+
+def default_live_bytes(cgroup_limits: Iterable[Path] = CGROUP_LIMITS) -> int:
+    """``FEDLITE_B_MAX_LIVE_BYTES`` when it is not set: half the memory party B may use."""
+    return int(memory_available(cgroup_limits) * DEFAULT_LIVE_SHARE)
 
 
 @dataclass(frozen=True)
