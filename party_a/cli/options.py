@@ -64,6 +64,10 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, attr, None)
         if value is not None:
             out[key] = value
+    for attr in ("categorical", "numeric", "drop"):  # column lists: a,b,c
+        value = getattr(args, attr, None)
+        if value is not None:
+            out[f"data.{attr}"] = [c.strip() for c in value.split(",") if c.strip()]
     for item in getattr(args, "set", None) or []:
         key, sep, value = item.partition("=")
         if not sep:

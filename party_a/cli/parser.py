@@ -112,6 +112,14 @@ def _session_flags(parser: argparse.ArgumentParser) -> None:
         help="where party A computes: cpu (default), cuda, cuda:N or auto; a local choice, "
         "also for a trained run (config [run] device)",
     )
+    for flag, what in (
+        ("categorical", "categories whatever they hold (e.g. integer codes)"),
+        ("numeric", "numbers (a word in one is an error naming its row)"),
+        ("drop", "columns the run never reads"),
+    ):
+        parser.add_argument(
+            f"--{flag}", metavar="COLUMNS", help=f"comma-separated: {what} (config [data] {flag})"
+        )
     parser.add_argument(
         "--set",
         action="append",

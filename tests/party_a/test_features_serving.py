@@ -187,3 +187,29 @@ def test_the_export_prepares_a_serving_table_as_predict_does(
     z = np.load(activations)["z"]
     assert z.shape == (6, 32)
     np.testing.assert_allclose(z, expected, rtol=0, atol=1e-6)
+
+
+def test_flags_type_and_drop_columns_and_a_dropped_column_may_stay_in_a_serving_table(
+    credit: dict[str, object],
+) -> None:
+    tables = credit["tables"]
+    assert isinstance(tables, CreditTables)
+    trained = run_cli(
+        "a", "train", "--server", str(credit["url"]), "--token", TOKEN,
+        "--features", str(tables.features), "--config", str(CONFIG), "--name", "credit-typed",
+        "--steps", "4", "--categorical", "Seniority", "--drop", "Debt,Assets",
+        "--state-dir", str(credit["state"]),
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    assert "features: 4,454 rows, 7 columns: 3 numeric, 4 categorical" in trained.stderr
+    assert "Seniority: categorical (declared categorical)" in trained.stderr
+
+    frame, serving = _serving(credit, "serving-typed.csv")  # Debt and Assets still in it
+    frame.to_csv(serving, index=False)
+    scored = run_cli(
+        "a", "predict", "--server", str(credit["url"]), "--token", TOKEN,
+        "--features", str(serving), "--name", "credit-typed",
+        "--state-dir", str(credit["state"]), "--ids", ",".join(frame["id"]),
+    )  # fmt: skip
+    assert scored.returncode == 0, scored.stderr
+    assert len(scored.stdout.strip().splitlines()) == 1 + len(frame)
