@@ -4,7 +4,8 @@
   ``runs list``, ``parties list``, ``db backup``) never import torch: ``token issue`` took
   13-22 s when one did; in a fresh process, what is imported is checked, not the clock;
 * a duration no date holds (``audit --since 99999999d``, ``token issue --expires
-  99999999d``) is one line naming the flag and exit code 2, not a traceback.
+  99999999d``) is one line naming the flag and exit code 2, not a traceback;
+* the demos' state directories are ignored by git.
 """
 
 import subprocess
@@ -67,3 +68,14 @@ def test_a_duration_no_date_holds_is_one_line_naming_the_flag(
 
     assert ran.returncode == 2, ran.stderr
     assert message in ran.stderr and len(ran.stderr.strip().splitlines()) == 1, ran.stderr
+
+
+def test_the_demos_state_directories_are_not_in_git() -> None:
+    """``make demo`` and ``make demo-parties`` write into the checkout: git ignores both."""
+    for directory in ("demo-state", "demo-parties-state"):
+        ignored = subprocess.run(
+            ["git", "check-ignore", "-q", f"{directory}/party_b.sqlite"],
+            cwd=REPO_ROOT,
+            timeout=60,
+        )
+        assert ignored.returncode == 0, directory
