@@ -14,6 +14,7 @@ import torch
 from api_schemas import RunCreate
 from party_b.errors import ProblemError
 from party_b.labels import LabelSource
+from party_b.service.declared import limit_problem
 from party_b.settings import Limits
 from party_b.top import TopTrainer
 from shared.codec import DownlinkSpec
@@ -75,15 +76,17 @@ class Admission:
         except ValueError as exc:
             raise ProblemError.invalid(f"top model: {exc}") from None
         except (RuntimeError, OverflowError, TypeError):  # sizes that overflow 64 bits
-            raise ProblemError.limit(
-                f"the top model {spec.top} is too large to build; this server's limit is "
-                f"{self._limits.max_top_params:,} parameters"
+            raise limit_problem(
+                f"the top model {spec.top} is too large to build",
+                "max_top_params",
+                self._limits.max_top_params,
             ) from None
         params = sum(p.numel() for p in model.parameters())
         if params > self._limits.max_top_params:
-            raise ProblemError.limit(
-                f"the top model would have {params:,} parameters, over this server's limit "
-                f"{self._limits.max_top_params:,}"
+            raise limit_problem(
+                f"the top model would have {params:,} parameters",
+                "max_top_params",
+                self._limits.max_top_params,
             )
         return kwargs
 
@@ -145,10 +148,10 @@ class Admission:
             )
         lim = self._limits
         checks = [
-            ("batch_size", spec.batch_size, lim.max_batch),
-            ("rows per step", rows_per_step(spec), lim.max_batch),
-            ("cut_dim", spec.width, lim.max_dim),
-            ("steps", spec.steps, lim.max_steps),
+            ("batch_size", spec.batch_size, "max_batch"),
+            ("rows per step", rows_per_step(spec), "max_batch"),
+            ("cut_dim", spec.width, "max_dim"),
+            ("steps", spec.steps, "max_steps"),
         ]
         several = spec.parties is not None
         for party in spec.feature_parties():  # one, named "a", in a run without parties
@@ -159,14 +162,14 @@ class Admission:
             except ValueError as exc:
                 raise ProblemError.invalid(f"{where}downlink: {exc}") from None
             checks += [
-                (f"{where}cut_dim", party.cut_dim, lim.max_dim),
-                (f"{where}quantizer.q", party.quantizer.q or 1, lim.max_q),
-                (f"{where}quantizer.L", party.quantizer.L or 1, lim.max_L),
-                (f"{where}downlink L", downlink.L, lim.max_L),  # party B's k-means, each step
+                (f"{where}cut_dim", party.cut_dim, "max_dim"),
+                (f"{where}quantizer.q", party.quantizer.q or 1, "max_q"),
+                (f"{where}quantizer.L", party.quantizer.L or 1, "max_L"),
+                (f"{where}downlink L", downlink.L, "max_L"),  # party B's k-means, each step
             ]
         for name, value, limit in checks:
-            if value > limit:
-                raise ProblemError.limit(f"{name}={value} is over this server's limit {limit}")
+            if value > getattr(lim, limit):
+                raise limit_problem(f"{name}={value}", limit, getattr(lim, limit))
 
     def _check_top_sizes(self, rows: int, cut_dim: int, kwargs: dict[str, Any]) -> None:
         """Bound every size in the top kwargs before anything is built: a list of a million
@@ -179,9 +182,8 @@ class Admission:
         for name, value in kwargs.items():
             values = value if isinstance(value, list) else [value]
             if isinstance(value, list) and len(value) > lim.max_top_layers:
-                raise ProblemError.limit(
-                    f"top.{name} has {len(value)} entries, over this server's limit "
-                    f"{lim.max_top_layers}"
+                raise limit_problem(
+                    f"top.{name} has {len(value)} entries", "max_top_layers", lim.max_top_layers
                 )
             for v in values:
                 if isinstance(v, bool) or not isinstance(v, int):
@@ -189,13 +191,12 @@ class Admission:
                 if v < 0:
                     raise ProblemError.invalid(f"top.{name}={v}: sizes cannot be negative")
                 if v > lim.max_dim:
-                    raise ProblemError.limit(
-                        f"top.{name}={v} is over this server's limit {lim.max_dim} on a width"
-                    )
+                    raise limit_problem(f"top.{name}={v} (a width)", "max_dim", lim.max_dim)
                 sizes.append(v)
         floats = rows * (cut_dim + sum(sizes))
         if floats > lim.max_top_activations:
-            raise ProblemError.limit(
-                f"the top model's activations for a step of {rows} rows would be {floats:,} "
-                f"floats, over this server's limit {lim.max_top_activations:,}"
+            raise limit_problem(
+                f"the top model's activations for a step of {rows} rows would be {floats:,} floats",
+                "max_top_activations",
+                lim.max_top_activations,
             )

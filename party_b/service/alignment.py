@@ -31,6 +31,7 @@ from api_schemas import AlignmentOut, PsiInfo, RunCreate, RunStatus
 from party_b import audit, store
 from party_b.errors import ProblemError
 from party_b.service.context import ServiceContext
+from party_b.service.declared import limit_problem
 from party_b.service.fusion import PartyPlan
 from party_b.service.meetings import Agenda, Ticket, at_once
 from party_b.service.runstate import Caller, owned_row, party_of
@@ -150,7 +151,9 @@ class Alignment:
                 request.request, max_ids=self._ctx.limits.max_aligned_ids
             )
         except PsiTooLarge as exc:
-            raise ProblemError.limit(str(exc)) from None
+            found = str(exc).partition(", over")[0]  # "N ids in the request"
+            bound = self._ctx.limits.max_aligned_ids
+            raise limit_problem(f"PSI: {found}", "max_aligned_ids", bound) from None
         except (PsiError, codec.CodecError) as exc:
             raise ProblemError.malformed(str(exc)) from None
         # Every PSI answers "which of these ids do you hold?": keep a record of who asked.
@@ -203,10 +206,9 @@ class Alignment:
         return data
 
     def _within_limit(self, ids: int) -> None:
-        if ids > self._ctx.limits.max_aligned_ids:
-            raise ProblemError.limit(
-                f"{ids} ids, over the limit {self._ctx.limits.max_aligned_ids}"
-            )
+        bound = self._ctx.limits.max_aligned_ids
+        if ids > bound:
+            raise limit_problem(f"{ids:,} ids to align", "max_aligned_ids", bound)
 
     def _offer(
         self, caller: Caller, run_id: str, keep: Callable[[set[bytes]], set[bytes]]

@@ -1,4 +1,4 @@
-"""Which operator limit a refused msgpack body broke, named with the setting that raises it.
+"""Which operator limit a request broke, named with the setting that raises it.
 
 The codec refuses a body over a decode limit before allocating anything, but its words are
 the wire's (``exceeds max_array_len(16384)``, ``over the limit 16384``): they name neither
@@ -7,15 +7,19 @@ does not decode, ``over_limit`` reads what it *declares* (the number of ids, of 
 chunk's rows, width and quantizer sizes) by walking its map headers and skipping every
 payload, and says which limit that is over. It runs only after the decode failed, allocates
 nothing the size of the body, and a body it cannot read is left to the codec's 400.
+``limit_problem`` is the one 422 of every limit (a run's sizes at creation, ids to align,
+a body's): the same sentence, the same members ``limit`` and ``value``.
 """
 
 from dataclasses import dataclass
 
 import msgpack
 
+from api_schemas import ProblemType
+from party_b.errors import ProblemError
 from shared import codec
 
-__all__ = ["Declared", "declared", "over_limit"]
+__all__ = ["Declared", "declared", "limit_problem", "over_limit", "setting"]
 
 # chunk field -> (the DecodeLimits field that bounds it, what it is)
 _CHUNK_SIZES = {
@@ -39,6 +43,14 @@ class Declared:
 def setting(limit: str) -> str:
     """The environment variable of a limit, e.g. ``FEDLITE_B_LIMIT_MAX_BATCH``."""
     return f"FEDLITE_B_LIMIT_{limit.upper()}"
+
+
+def limit_problem(found: str, limit: str, bound: int) -> ProblemError:
+    """422 ``limit-exceeded``: ``found`` is over the operator's ``limit`` (a ``Limits``
+    field), named with its setting and the bound, with members ``limit`` and ``value``."""
+    return ProblemError(
+        ProblemType.LIMIT_EXCEEDED, _sentence(limit, bound, found), limit=limit, value=bound
+    )
 
 
 def over_limit(body: bytes, limits: codec.DecodeLimits) -> tuple[str, str] | None:
@@ -68,8 +80,8 @@ def _sentence(limit: str, bound: int, found: str) -> str:
     if limit in _NOT_A_SETTING:
         return f"{found}, over the protocol's limit {limit} = {bound:,}: send fewer per request"
     return (
-        f"{found}, over this server's limit {limit} = {bound:,} ({setting(limit)}): send at "
-        f"most {bound:,} per request, or ask party B's operator to raise {setting(limit)}"
+        f"{found}, over this server's limit {limit} = {bound:,} ({setting(limit)}): stay "
+        f"within it, or ask party B's operator to raise {setting(limit)}"
     )
 
 
