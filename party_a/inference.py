@@ -7,6 +7,11 @@ sample's codewords, and so its score, then depend on that sample alone, never on
 samples of the request (training fits a fresh codebook per chunk, as the paper does; serving
 a request that way made a score depend on its batch). The wire is unchanged: each chunk
 carries the frozen codebook and its codewords.
+
+Because a score depends on its sample alone, any number of ids can be scored in requests of
+any size: ``predict_stream`` cuts the list into requests within party B's limits
+(``request_bounds``: its ``max_batch``, or the size a 422 names) and yields each answer as it
+comes, so neither party holds more than one request's activations and scores at a time.
 """
 
 import logging
