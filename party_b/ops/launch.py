@@ -57,12 +57,14 @@ def local_party_b(
         "--port", str(port),
         "--data-dir", str(data_dir),
         "--labels", str(labels),
-        "--tokens", ",".join(f"{name}:{token}" for name, token in tokens.items()),
         "--log-level", "warning",
         *extra_args,
     ]  # fmt: skip
+    # the tokens in the environment, not on a command line anyone can read with ps
+    listed = ",".join(f"{name}:{token}" for name, token in tokens.items())
+    environment = {**os.environ, **(env or {}), "FEDLITE_B_TOKENS": listed}
     log_path = data_dir / "party_b.log"
-    with child_process(cmd, log_path, env={**os.environ, **(env or {})}, cwd=cwd) as proc:
+    with child_process(cmd, log_path, env=environment, cwd=cwd) as proc:
         wait_until_healthy(url, proc, log_path=log_path, timeout=timeout)
         yield url
 
