@@ -301,9 +301,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 done, total = f"{sink.done:,}", f"{len(ids):,}"
                 phase("resuming %s: %s of %s ids scored already", args.out, done, total)
             phase("scoring %s ids, at most %s a request", f"{len(ids):,}", f"{bounds.ids:,}")
-            todo = ids[sink.done :]
-            answers = inference.predict_stream(
-                view, trainer.features, common, todo, raw=args.raw, bounds=bounds
+            todo = ids[sink.done :]  # empty when a run was cut off after its last request
+            answers = (
+                inference.predict_stream(
+                    view, trainer.features, common, todo, raw=args.raw, bounds=bounds
+                )
+                if todo
+                else iter(())
             )
             console = Console(stderr=True)
             with progress(console, total=len(ids), done=sink.done) as advance:

@@ -15,6 +15,7 @@
 
 import csv
 import io
+import json
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -260,3 +261,29 @@ def test_the_python_api_follows_the_limit_party_b_names(party_b: dict[str, Any])
     # Assert: refused once (422 naming max_batch = 128), then 128 + 128 + 44, every id scored
     assert scores.ids == ids and scores.scores.shape == (300, 2)
     assert counter.answered == 1 + 3
+
+
+def test_a_scoring_cut_off_after_its_last_request_finishes_without_sending_any(
+    party_b: dict[str, Any], whole: dict[str, Any], tmp_path: Path
+) -> None:
+    # Prepare: every row written and recorded, the file not yet made (a kill just before)
+    out = tmp_path / "scores.csv"
+    counter = party_b["counter"]
+    counter.answered, counter.answer_only = 0, 1
+    cut = _a(party_b, "predict", "--name", "breast-demo", "--retry-for", "0", "--all",
+             "--out", str(out))  # fmt: skip
+    assert cut.returncode == 1
+    record = tmp_path / "scores.csv.partial.json"
+    job = json.loads(record.read_text())["job"]
+    complete = whole["out"].read_bytes()
+    (tmp_path / "scores.csv.partial").write_bytes(complete)
+    rows = len(_rows(complete.decode())) - 1
+    record.write_text(json.dumps({"job": job, "rows": rows, "bytes": len(complete)}))
+
+    # Execute
+    ran = _predict(party_b, "--all", "--out", str(out))
+
+    # Assert
+    assert ran.returncode == 0, ran.stderr
+    assert counter.answered == 0
+    assert out.read_bytes() == complete and not record.exists()
