@@ -2,8 +2,8 @@
 
 A run under label DP trains on randomized labels (``label_dp``). Were each run to draw them
 afresh, k runs over the same ids would give party A k independent randomized responses of
-every label, which it can majority-vote (docs/PRIVACY.md measured 40 runs reading breast's
-labels at AUC 0.94). So each id's randomized label is a keyed function of
+every label, which it can majority-vote (an audit read breast's labels at AUC 0.94 from 40
+runs; docs/PRIVACY.md, section 5). So each id's randomized label is a keyed function of
 
 - a **draw**: party B's secret for this label table and mechanism (table ``label_draws``),
   made when the first run on the table needs it and replaced only by the operator
@@ -16,7 +16,7 @@ labels at AUC 0.94). So each id's randomized label is a keyed function of
 
 Every run on the table then releases post-processing of one randomized response per label:
 together they are eps-label-DP, eps the draw's epsilon, however many there are
-(docs/PRIVACY.md, section 2.4, has the proof sketch). What still composes is a new draw: a
+(docs/PRIVACY.md, section 2.2, has the proof sketch). What still composes is a new draw: a
 new mechanism (another ``label_epsilon`` or ``prior_fraction``), a changed table or a
 redraw; the ledger counts each draw once per token (``accounting``).
 
