@@ -102,9 +102,7 @@ def test_the_estimates_recover_the_true_metrics_from_randomized_labels(epsilon: 
         label_rate=float(randomized.mean()),
         n=n,
     )
-    accuracy = true_accuracy(
-        float((predicted == randomized).mean()), keep=keep, classes=2, n=n
-    )
+    accuracy = true_accuracy(float((predicted == randomized).mean()), keep=keep, classes=2, n=n)
 
     # Assert: each interval holds the true metric, the estimate is close to it
     true_auc_value = float(roc_auc_score(truth, scores))
