@@ -246,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="results root (default: a temporary one)")
     parser.add_argument("--data-dir", type=Path, help="the data sets (default $FEDLITE_DATA)")
     parser.add_argument("--sweeps", default=",".join(GPU_SWEEPS), help="comma-separated")
+    parser.add_argument(
+        "--match", help="only the runs whose key holds this text (e.g. lr0.1- for one rate)"
+    )
     parser.add_argument("--device", help="run every job on this device instead (cpu, auto)")
     parser.add_argument("--smoke", action="store_true", help="the sweeps' smoke runs (CPU)")
     args = parser.parse_args(argv)
@@ -257,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["FEDLITE_DATA"] = str(args.data_dir.resolve())  # the workers inherit it
     work = args.work or Path(tempfile.mkdtemp(prefix="fedlite-gpu-batch-"))
     jobs = plan(sweeps, smoke=args.smoke, device=args.device)
+    if args.match:
+        jobs = [(sweep, job) for sweep, job in jobs if args.match in job.key]
     batch = _Batch(args, work)
     print(
         f"gpu batch: {len(jobs)} runs, {batch.workers} at a time ({batch.threads} torch threads "
