@@ -428,9 +428,8 @@ def femnist_long() -> list[Job]:
 
 def so_tag_long() -> list[Job]:
     """SO tags: SplitFed to its plateau, and the paper's 247x point (q = 125, L = 10; lambda =
-    0, the best of the 240-step grid there) beside it."""
-    split = _long(SO_TAG)
-    return [split, replace(split, method="fedlite", q=125, L=10, lam=0.0)]
+    0, the best of the 240-step grid there) beside it; three seeds, seed-major."""
+    return _three_seeds(_long(SO_TAG), q=125, L=10, lam=0.0)
 
 
 def so_tag_long_paper_rate() -> list[Job]:
@@ -445,9 +444,17 @@ def _paper_rate(job: RunConfig) -> RunConfig:
 
 def shakespeare_long() -> list[Job]:
     """Next token: SplitFed and our point nearest the paper's 51x (q = 12, L = 30, 55x; lambda
-    = 1e-3, the better of the 300-step grid there), longer."""
-    split = _long(SHAKESPEARE)
-    return [split, replace(split, method="fedlite", q=12, L=30, lam=1e-3)]
+    = 1e-3, the better of the 300-step grid there), longer; three seeds, seed-major."""
+    return _three_seeds(_long(SHAKESPEARE), q=12, L=30, lam=1e-3)
+
+
+def _three_seeds(split: RunConfig, *, q: int, L: int, lam: float) -> list[Job]:
+    """SplitFed and one FedLite point, seeds 0, 1, 2 (a batch cut short keeps whole seeds)."""
+    runs: list[Job] = []
+    for seed in (0, 1, 2):
+        seeded = replace(split, seed=seed)
+        runs += [seeded, replace(seeded, method="fedlite", q=q, L=L, lam=lam)]
+    return runs
 
 
 # The long sweeps' smoke runs are short (a sweep runs them to the end; the GPU batch's smoke
