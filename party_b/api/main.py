@@ -145,7 +145,11 @@ def live_bounds(settings: Settings) -> LiveBounds:
 def log_privacy(policy: PrivacyPolicy, *, explicit: bool) -> None:
     """Say at start-up what new runs get; ``off`` is the operator's choice, and logged so."""
     epsilon = policy.epsilon
-    guarantee = f"label-DP epsilon {epsilon:g} per run" if epsilon is not None else "no bound"
+    guarantee = (
+        f"label-DP epsilon {epsilon:g} for the label table's lifetime"
+        if epsilon is not None
+        else "no bound"
+    )
     log.info(
         "label privacy of new runs: %s (%s; %s)",
         policy.describe(),

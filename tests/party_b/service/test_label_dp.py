@@ -104,7 +104,7 @@ def test_a_party_b_given_no_switch_trains_new_runs_under_label_dp_and_replies_gr
     assert [(row["loss"], row["accuracy"]) for row in log] == [(None, None), (None, None)]
     assert (
         f"label privacy of new runs: {PROTECTED.describe()} (label-DP epsilon "
-        f"{PROTECTED.label_epsilon:g} per run; the default)" in caplog.text
+        f"{PROTECTED.label_epsilon:g} for the label table's lifetime; the default)" in caplog.text
     )
     assert "OFF" not in caplog.text
 
