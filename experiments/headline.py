@@ -31,22 +31,24 @@ SWEEP = "femnist_headline"
 LAMBDA_STEP = 1000  # the grid's length: the lambda column is compared at this step
 
 
-def _curves(records: list[dict[str, Any]]) -> dict[str, dict[int, dict[int, float]]]:
-    """method -> seed -> {step: eval accuracy}."""
+def _curves(
+    records: list[dict[str, Any]], metric: str = "eval_accuracy"
+) -> dict[str, dict[int, dict[int, float]]]:
+    """method -> seed -> {step: held-out ``metric``}."""
     curves: dict[str, dict[int, dict[int, float]]] = defaultdict(dict)
     for r in records:
         c = r["config"]
-        curves[c["method"]][c["seed"]] = {
-            p["step"]: p["eval_accuracy"] for p in r["curve"] if "eval_accuracy" in p
-        }
+        curves[c["method"]][c["seed"]] = {p["step"]: p[metric] for p in r["curve"] if metric in p}
     return curves
 
 
-def relative_drops(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per evaluation step both methods reached for every seed both ran: the seed means, the
-    relative drop of the means, and each seed's own drop (FedLite seed s against SplitFed
-    seed s: same data order and initialisation)."""
-    curves = _curves(records)
+def relative_drops(
+    records: list[dict[str, Any]], metric: str = "eval_accuracy"
+) -> list[dict[str, Any]]:
+    """Per evaluation step both methods reached for every seed both ran: the seed means of
+    ``metric``, the relative drop of the means, and each seed's own drop (FedLite seed s
+    against SplitFed seed s: same data order and initialisation)."""
+    curves = _curves(records, metric)
     seeds = sorted(set(curves.get("splitfed", {})) & set(curves.get("fedlite", {})))
     if not seeds:
         return []

@@ -1,18 +1,20 @@
 """The runs at the paper's length (the ``*_long`` sweeps, trained on a GPU by
-``experiments.gpu_batch``): when SplitFed plateaus, and FedLite against it there.
+``experiments.gpu_batch``): when each method plateaus, and FedLite against SplitFed there.
 
-    python -m experiments.long      # docs/figures/headline_femnist_long.{png,md}, long_runs.md
+    python -m experiments.long      # docs/figures/headline_long.md,
+                                    # docs/figures/headline_femnist_long.{png,md}
 
 Each long run is cut at the GPU batch's deadline, so runs reach different steps; every
 comparison here is made at the last evaluation all compared runs reached (their prefixes,
 ``records.prefix_record``: nothing in a run depends on its length).
 
-**Plateau** (``plateau_step``): SplitFed has plateaued at step t when the mean of its
+**Plateau** (``plateau_step``): a method has plateaued at step t when the mean of its
 seed-mean held-out metric over the ``PLATEAU_EVALS`` evaluations ending at t is less than
 ``PLATEAU_GAIN`` (relative) above the same mean ``PLATEAU_WINDOW`` steps earlier; the plateau
 step is the first such t (experiments.sweeps states the numbers: 5 evaluations, 1,000 steps,
-0.5 %). The paper's bar is FedLite within 5 % (relative) of SplitFed; it is read at the last
-common step, with the plateau step beside it to say whether SplitFed had stopped improving.
+0.5 %). SplitFed and FedLite are held to the same rule. The paper's bar is FedLite within
+5 % (relative) of SplitFed; the drop is read at the last common step, and it is a verdict on
+the paper's claim (``verdict``) only where both methods had plateaued by that step.
 """
 
 from __future__ import annotations
@@ -38,17 +40,24 @@ from experiments.sweeps import (  # noqa: E402
 __all__ = [
     "at_common_step",
     "best_rate",
+    "compare",
     "femnist_long_table",
-    "long_runs_table",
+    "headline_long_table",
+    "plateau",
     "plateau_step",
+    "verdict",
 ]
 
 FEMNIST_LONG = "femnist_long"
-OTHERS = {
-    "so_tag_long": ("eval_recall_at_5", "Recall@5", 247),
-    "so_tag_long_paper_rate": ("eval_recall_at_5", "Recall@5", 247),
-    "shakespeare_long": ("eval_accuracy", "accuracy", 51),
+# sweep: (metric, its name, the paper's claim for the FedLite point the sweep trains)
+TASKS = {
+    FEMNIST_LONG: ("eval_accuracy", "accuracy", "< 5 % at 490x"),
+    "so_tag_long": ("eval_recall_at_5", "Recall@5", "< 5 % at 247x"),
+    "so_tag_long_paper_rate": ("eval_recall_at_5", "Recall@5", "< 5 % at 247x"),
+    "shakespeare_long": ("eval_accuracy", "accuracy", "< 5 % at 51x (SO NWP)"),
 }
+PAPER_BAR = 0.05  # the paper's bar: FedLite within 5 % (relative) of SplitFed
+METHODS = {"splitfed": "SplitFed", "fedlite": "FedLite"}
 TABLE_EVERY = 1000  # the step table shows every 1,000th step (and the last common one)
 
 
@@ -114,59 +123,150 @@ def best_rate(records: list[dict[str, Any]], metric: str = "eval_accuracy") -> f
     return float(max(scores, key=lambda lr: statistics.fmean(scores[lr])))
 
 
+def plateau(curve: dict[int, float]) -> dict[str, Any]:
+    """Where ``curve`` ({step: seed-mean metric}) plateaus by ``plateau_step``: {"step": the
+    plateau step or None, "last": its last step, "value": the metric at the plateau step, or
+    at the last step where it has not plateaued}."""
+    step, last = plateau_step(curve), max(curve)
+    return {"step": step, "last": last, "value": curve[last if step is None else step]}
+
+
+def verdict(drop: float, plateaus: dict[str, int | None], step: int, bar: float = PAPER_BAR) -> str:
+    """The paper's claim (FedLite less than ``bar`` below SplitFed, relative) read off the
+    ``drop`` at ``step``: reproduced or not, by how many points, where every method of
+    ``plateaus`` ({name: plateau step or None}) had plateaued by ``step``; else not settled,
+    saying which had not."""
+    points = 100 * abs(drop - bar)
+    side = "under" if drop < bar else "over"
+    late = [
+        f"{name} not plateaued" if at is None else f"{name} plateaus only at step {at}"
+        for name, at in plateaus.items()
+        if at is None or at > step
+    ]
+    if late:
+        return (
+            f"not settled at step {step}: {', '.join(late)} "
+            f"({100 * drop:.1f} % there, {points:.1f} points {side} the bar)"
+        )
+    if drop < bar:
+        return f"**reproduced**: {100 * drop:.1f} %, {points:.1f} points under the bar"
+    return f"**not reproduced**: {100 * drop:.1f} %, {points:.1f} points over the bar"
+
+
+def compare(runs: list[dict[str, Any]], metric: str) -> dict[str, Any] | None:
+    """SplitFed against the FedLite point of ``runs`` (one rate) over the seeds that ran both:
+    each method's ``plateau`` on its seed-mean curve, and the pair at every step all of them
+    reached (``relative_drops``; "at" is the last); None without such a seed."""
+    rows = relative_drops(runs, metric)
+    if not rows:
+        return None
+    seeds = rows[0]["seeds"]
+    plateaus = {}
+    for method in METHODS:
+        mine = [r for r in runs if r["config"]["method"] == method and r["config"]["seed"] in seeds]
+        plateaus[method] = plateau(_seed_mean(mine, metric))
+    return {"seeds": seeds, "rows": rows, "at": rows[-1], "plateau": plateaus}
+
+
+def headline_long_table() -> None:
+    """Per task and learning rate: each method's plateau and its metric there, the pair at
+    the last step all runs reached, the relative drop with its per-seed drops, the paper's
+    claim, and the verdict."""
+    lines = [
+        "| task | lr | seeds | FedLite point | SplitFed plateau: seed mean there "
+        "| FedLite plateau: seed mean there | last common step | SplitFed there (mean ± sd) "
+        "| FedLite there (mean ± sd) | relative drop of the means (per seed) | paper | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for sweep, (metric, name, paper) in TASKS.items():
+        if not (RESULTS / sweep).exists():
+            continue
+        task = f"{sweep.replace('_long', '')} ({name})"
+        for lr, runs in sorted(_by_rate(records_of(sweep)).items(), reverse=True):
+            *cells, judged = _headline_cells(runs, metric)
+            lines.append("| " + " | ".join([task, f"{lr:.3g}", *cells, paper, judged]) + " |")
+    if len(lines) == 2:
+        lines = [f"No long runs of {', '.join(TASKS)} yet (experiments.gpu_batch)."]
+    write_table("headline_long", lines)
+
+
+def _headline_cells(runs: list[dict[str, Any]], metric: str) -> list[str]:
+    """The row's cells from "seeds" to "relative drop", and the verdict (ending the row)."""
+    found = compare(runs, metric)
+    if found is None:  # SplitFed alone (a side check): its plateau only
+        split = _seed_mean([r for r in runs if r["config"]["method"] == "splitfed"], metric)
+        seeds = ", ".join(map(str, sorted({r["config"]["seed"] for r in runs})))
+        return [seeds, "-", _plateau_text(plateau(split)), *["-"] * 6]
+    at, fed = found["at"], next(r for r in runs if r["config"]["method"] == "fedlite")
+    c = fed["config"]
+    drops = ", ".join(f"{100 * d:.1f}" for d in at["drop_per_seed"])
+    steps = {METHODS[m]: p["step"] for m, p in found["plateau"].items()}
+    return [
+        ", ".join(map(str, found["seeds"])),
+        f"q={c['q']} L={c['L']} lambda={c['lam']:g} ({fed['paper_ratio']:.0f}x)",
+        _plateau_text(found["plateau"]["splitfed"]),
+        _plateau_text(found["plateau"]["fedlite"]),
+        str(at["step"]),
+        _mean_sd(at["splitfed"]),
+        _mean_sd(at["fedlite"]),
+        f"**{100 * at['drop']:.1f} %** ({drops} %)",
+        verdict(at["drop"], steps, at["step"]),
+    ]
+
+
+def _plateau_text(reached: dict[str, Any]) -> str:
+    if reached["step"] is None:
+        return f"not by step {reached['last']} ({reached['value']:.4f} there)"
+    return f"step {reached['step']}: {reached['value']:.4f}"
+
+
+def _mean_sd(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}"
+
+
 def femnist_long_records() -> list[dict[str, Any]]:
     return records_of(FEMNIST_LONG) if (RESULTS / FEMNIST_LONG).exists() else []
 
 
 def femnist_long_table() -> None:
-    """Per learning rate: the plateau of SplitFed, and SplitFed against FedLite (q = 1152,
-    L = 2) at every 1,000th step both reached for every seed, as in the headline table."""
+    """FEMNIST's pair (SplitFed; FedLite q = 1152, L = 2) per learning rate at every 1,000th
+    step all runs reached (and the last), and its figure: the seed-mean curves with each
+    method's plateau step marked, and the relative drop against the paper's bar."""
     records = femnist_long_records()
     if not records:
         raise SystemExit(f"{FEMNIST_LONG}: no records yet (experiments.gpu_batch)")
-    lines = [_summary_header()]
-    detail: list[str] = []
+    lines = _detail_header()
     fig, (acc, drop) = plt.subplots(1, 2, figsize=(11, 4))
     for lr, runs in sorted(_by_rate(records).items(), reverse=True):
-        rows = relative_drops(runs)
-        if not rows:
+        found = compare(runs, "eval_accuracy")
+        if found is None:
             continue
-        split = _seed_mean(
-            [r for r in runs if r["config"]["method"] == "splitfed"], "eval_accuracy"
-        )
-        plateau = plateau_step(split)
-        last = rows[-1]
         lam = next(r["config"]["lam"] for r in runs if r["config"]["method"] == "fedlite")
-        lines.append(
-            f"| {lr:.3g} | {', '.join(map(str, last['seeds']))} | {last['step']} | "
-            f"{_plateau_text(plateau, max(split))} | {statistics.fmean(last['splitfed']):.4f} | "
-            f"{statistics.fmean(last['fedlite']):.4f} | **{100 * last['drop']:.1f} %** | "
-            f"{'yes' if last['drop'] <= 0.05 else 'no'} |"
-        )
-        detail += _step_rows(lr, lam, rows)
-        acc.plot(list(split), list(split.values()), label=f"SplitFed lr {lr:.3g}")
-        fed = _seed_mean([r for r in runs if r["config"]["method"] == "fedlite"], "eval_accuracy")
-        acc.plot(list(fed), list(fed.values()), "--", label=f"FedLite 490x lr {lr:.3g}")
+        lines += _step_rows(lr, lam, found["rows"])
+        for method, style in (("splitfed", "-"), ("fedlite", "--")):
+            mine = [r for r in runs if r["config"]["method"] == method]
+            curve = _seed_mean(mine, "eval_accuracy")
+            name = "SplitFed" if method == "splitfed" else "FedLite 490x"
+            (line,) = acc.plot(
+                list(curve), list(curve.values()), style, label=f"{name} lr {lr:.3g}"
+            )
+            at = found["plateau"][method]["step"]
+            if at is not None:
+                acc.plot([at], [curve[at]], "o", color=line.get_color())
+        rows = found["rows"]
         drop.plot([r["step"] for r in rows], [100 * r["drop"] for r in rows], label=f"lr {lr:.3g}")
-    lines += ["", *_detail_header(), *detail]
     write_table("headline_femnist_long", lines)
     acc.set_xlabel("step")
-    acc.set_ylabel("held-out accuracy (seed mean)")
+    acc.set_ylabel("held-out accuracy (seed mean; dot: plateau)")
     acc.legend(fontsize=7)
-    drop.axhline(5, color="grey", linestyle=":", label="paper's bar (5 %)")
+    drop.axhline(100 * PAPER_BAR, color="grey", linestyle=":", label="paper's bar (5 %)")
     drop.set_xlabel("step")
     drop.set_ylabel("relative drop of the seed means (%)")
     drop.legend(fontsize=7)
     fig.suptitle("FEMNIST at length: SplitFed vs FedLite at q=1152, L=2, two learning rates")
     save_figure(fig, "headline_femnist_long")
-
-
-def _summary_header() -> str:
-    return (
-        "| lr | seeds | last step all reached | SplitFed plateau (rule: experiments/long.py) "
-        "| SplitFed | FedLite q=1152 L=2 | relative drop | within 5 %? |\n"
-        "|---|---|---|---|---|---|---|---|"
-    )
 
 
 def _detail_header() -> list[str]:
@@ -192,58 +292,10 @@ def _step_rows(lr: float, lam: float, rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _mean_sd(values: list[float]) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.4f} ± {sd:.4f}"
-
-
-def _plateau_text(plateau: int | None, last_step: int) -> str:
-    return f"step {plateau}" if plateau is not None else f"not by step {last_step}"
-
-
-def long_runs_table() -> None:
-    """SO tags and next-token at length: SplitFed's plateau, and the FedLite point against
-    SplitFed (same rate) at the last step both reached, beside the paper's claim."""
-    lines = [
-        "| task | run | last step both reached | SplitFed plateau | SplitFed | FedLite point "
-        "| its metric | relative drop | paper |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for sweep, (metric, name, paper) in OTHERS.items():
-        if not (RESULTS / sweep).exists():
-            continue
-        records = records_of(sweep)
-        for lr, runs in sorted(_by_rate(records).items(), reverse=True):
-            split = [r for r in runs if r["config"]["method"] == "splitfed"]
-            fed = [r for r in runs if r["config"]["method"] == "fedlite"]
-            if not split:
-                continue
-            curve = _seed_mean(split, metric)
-            plateau = _plateau_text(plateau_step(curve), max(curve))
-            points: list[dict[str, Any] | None] = [*fed] or [None]
-            for point in points:
-                pair = at_common_step([*split, *([point] if point else [])])
-                base = statistics.fmean(r["final"][metric] for r in pair[: len(split)])
-                row = f"| {sweep.removesuffix('_long')} ({name}) | lr {lr:.3g} | "
-                row += f"{pair[0]['steps']} | {plateau} | {base:.4f} | "
-                if point is None:
-                    lines.append(row + "- | - | - | - |")
-                    continue
-                c, value = point["config"], pair[-1]["final"][metric]
-                lines.append(
-                    row + f"q={c['q']} L={c['L']} lambda={c['lam']:g} "
-                    f"({point['paper_ratio']:.0f}x) | {value:.4f} | "
-                    f"**{100 * (1 - value / base):.1f} %** | {paper}x |"
-                )
-    if len(lines) == 2:
-        lines = [f"No long runs of {', '.join(OTHERS)} yet (experiments.gpu_batch)."]
-    write_table("long_runs", lines)
-
-
 def main() -> None:
+    headline_long_table()
     if femnist_long_records():
         femnist_long_table()
-    long_runs_table()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from experiments.sweeps import FEMNIST  # noqa: E402
 __all__ = [
     "FIGURES",
     "in_paper_units",
+    "one_per_run",
     "prefix_record",
     "records_of",
     "save_figure",
@@ -34,10 +35,23 @@ def records_of(sweep: str) -> list[dict[str, Any]]:
     directory = RESULTS / sweep
     if not directory.exists():
         raise SystemExit(f"no results in {directory}: run `python -m experiments.sweep {sweep}`")
-    records = [in_paper_units(r) for r in load_records(directory)]
+    records = [in_paper_units(r) for r in one_per_run(load_records(directory))]
     if sweep == "femnist":
         records += headline_prefixes({r["key"] for r in records})
     return records
+
+
+def one_per_run(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per run, the longest: a long run cut at a GPU batch's deadline and run
+    again to a later one leaves two records (keys ``-T<steps>``) with the same ``cut_from``;
+    the longer holds the shorter's whole history (``prefix_record``), and keeping both would
+    count the run twice in every seed mean."""
+    runs: dict[str, dict[str, Any]] = {}
+    for record in records:
+        run = record.get("cut_from") or record["key"]
+        if run not in runs or record.get("steps", 0) > runs[run].get("steps", 0):
+            runs[run] = record
+    return list(runs.values())
 
 
 def prefix_record(record: dict[str, Any], steps: int) -> dict[str, Any]:

@@ -398,11 +398,11 @@ def vertical_smoke() -> list[Job]:
 # On a CPU these sweeps run to the end (days: FEMNIST ~0.5 s a step on two cores).
 LONG_STEPS = 20_000
 LONG_EVAL_EVERY = 100
-# SplitFed has plateaued at step t when the mean of its last PLATEAU_EVALS held-out
-# evaluations (seed means) is less than PLATEAU_GAIN (relative) above the same mean
-# PLATEAU_WINDOW steps earlier (experiments.headline.plateau_step): one held-out accuracy on
-# FEMNIST's 1,639 images has a standard error of ~1.1 % (relative), so single evaluations
-# are averaged before they are compared.
+# A method (SplitFed or FedLite, the same rule) has plateaued at step t when the mean of its
+# last PLATEAU_EVALS held-out evaluations (seed means) is less than PLATEAU_GAIN (relative)
+# above the same mean PLATEAU_WINDOW steps earlier (experiments.long.plateau_step): one
+# held-out accuracy on FEMNIST's 1,639 images has a standard error of ~1.1 % (relative), so
+# single evaluations are averaged before they are compared.
 PLATEAU_EVALS = 5
 PLATEAU_WINDOW = 1000
 PLATEAU_GAIN = 0.005
