@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from typing import Protocol
 
 from sqlalchemy.orm import Session
 
@@ -34,8 +35,8 @@ from api_schemas import ProblemType
 from party_b import auth
 from party_b.errors import ProblemError
 from party_b.party_tokens import PartyScope, authenticate_party
-from party_b.store.grants import grant_of, grant_with_subject
-from party_b.store.tables import ApiToken, TokenGrant
+from party_b.store.grants import grant_with_subject, token_credential
+from party_b.store.tables import ApiToken
 from party_b.subjects import forwarded_subject
 
 __all__ = [
@@ -205,6 +206,20 @@ class _Credential:
     party: PartyScope | None = None
 
 
+class _Grant(Protocol):
+    """A token's grant as the checks read it: a ``TokenGrant`` row, or the grant columns of
+    ``store.token_credential``'s row."""
+
+    @property
+    def scopes(self) -> str: ...
+    @property
+    def expires_at(self) -> datetime | None: ...
+    @property
+    def subject(self) -> str | None: ...
+    @property
+    def runs_of(self) -> int | None: ...
+
+
 # the header in which a load balancer that verified the client's certificate names it
 FORWARDED_SUBJECT = "x-fedlite-client-subject"
 
@@ -252,9 +267,16 @@ def _credential(session: Session, presented: Identity) -> _Credential:
     """The bearer token's credential (an API token or a party token), or the certificate's
     alone (a grant ``certificate_only``); 401 for none."""
     if presented.token:
-        row = auth.authenticate(session, presented.token)
-        if row is not None:
-            return _granted(row, grant_of(session, row.id))
+        digest = auth.hash_token(presented.token)
+        token = token_credential(session, digest)
+        # (the lookup is by the hash of a high-entropy secret; compare_digest keeps the final
+        # check constant-time anyway)
+        if (
+            token is not None
+            and token.revoked_at is None
+            and hmac.compare_digest(token.token_sha256, digest)
+        ):
+            return _granted(token.name, token.id, token if token.scopes is not None else None)
         party = authenticate_party(session, presented.token)
         if party is None:
             raise _refused("token", "unknown or revoked token")
@@ -280,14 +302,16 @@ def _credential(session: Session, presented: Identity) -> _Credential:
     found = session.get(ApiToken, grant.token_id)
     if found is None or found.revoked_at is not None:
         raise _refused("certificate", f"the caller of {presented.subject!r} was revoked")
-    return _granted(found, grant)
+    return _granted(found.name, found.id, grant)
 
 
-def _granted(row: ApiToken, grant: TokenGrant | None) -> _Credential:
+def _granted(name: str, token_id: int, grant: _Grant | None) -> _Credential:
+    """The credential of the API token ``name`` (id ``token_id``) under its grant (None:
+    every scope, no expiry, no certificate)."""
     scopes = _scopes(grant)
     return _Credential(
-        name=row.name,
-        owner_id=grant.runs_of if grant is not None and grant.runs_of is not None else row.id,
+        name=name,
+        owner_id=grant.runs_of if grant is not None and grant.runs_of is not None else token_id,
         expires_at=grant.expires_at if grant is not None else None,
         subject=grant.subject if grant is not None else None,
         scopes=tuple(sorted(scopes)),
@@ -310,7 +334,7 @@ def authorize(caller: Caller, action: Action) -> None:
     )
 
 
-def _scopes(grant: TokenGrant | None) -> Iterable[str]:
+def _scopes(grant: _Grant | None) -> Iterable[str]:
     if grant is None:
         return ALL_SCOPES
     return [s for s in grant.scopes.split(",") if s in SCOPES]

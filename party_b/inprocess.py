@@ -26,7 +26,7 @@ from party_b.privacy import PrivacyPolicy
 from party_b.service import Caller, Service, Ticket, build_service
 from party_b.service.meetings import now
 from party_b.settings import Limits
-from party_b.store import make_engine, make_session_factory
+from party_b.store import make_engine, make_session_factory, sole
 
 __all__ = ["InProcessTransport", "ProblemRaiser", "in_process_party_b"]
 
@@ -47,7 +47,9 @@ def in_process_party_b(
 ) -> tuple[Service, Caller]:
     """A party B service on its own SQLite file, and a caller with a registered token;
     ``privacy``: the label-privacy policy of its new runs (default off)."""
-    engine = make_engine(f"sqlite:///{database}")
+    url = f"sqlite:///{database}"
+    sole.hold(url)  # this process serves the file, as fedlite-b serve does
+    engine = make_engine(url)
     sessions = make_session_factory(engine)
     with sessions() as session:
         auth.register_token(session, "in-process", _TOKEN)

@@ -16,7 +16,6 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from party_b.store import parties as party_store
-from party_b.store.tables import Run
 
 __all__ = [
     "PartyCredential",
@@ -77,19 +76,15 @@ def revoke_party(session: Session, run_id: str, party: str) -> bool:
 
 
 def authenticate_party(session: Session, token: str) -> PartyCredential | None:
-    """The credential of an active party token, or None (not one, or revoked). Its expiry
-    and certificate are checked where every token's are (``party_b.access.identify``)."""
+    """The credential of an active party token, or None (not one, or revoked, or of a
+    deleted run). Its expiry and certificate are checked where every token's are
+    (``party_b.access.identify``)."""
     digest = _hash(token)
-    row = party_store.party_token_by_hash(session, digest)
+    row = party_store.party_credential(session, digest)
     if row is None or not hmac.compare_digest(row.token_sha256, digest):
         return None
-    run = session.get(Run, row.run_id)  # (a deleted run takes its tokens with it)
-    if row.revoked_at is not None or run is None:
+    if row.revoked_at is not None:
         return None
-    grant = party_store.party_grant(session, digest)
     return PartyCredential(
-        PartyScope(row.run_id, row.party),
-        run.owner_id,
-        grant.expires_at if grant is not None else None,
-        grant.subject if grant is not None else None,
+        PartyScope(row.run_id, row.party), row.owner_id, row.expires_at, row.subject
     )

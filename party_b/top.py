@@ -13,6 +13,7 @@ and ``apply_step`` (the optimizer step: the only change). The service encodes th
 between, so nothing that can fail runs after the model has moved.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ from torch import Tensor
 from party_b.device import compute_device
 from shared import threads
 from shared.devices import to_host
-from shared.models import build_seeded, build_top, seed_dropout
+from shared.models import SeededDropout, build_seeded, build_top, seed_dropout
 from shared.training import make_optimizer, state_from_bytes, state_to_bytes
 from shared.types import Task
 
@@ -99,6 +100,8 @@ class TopTrainer:
         self._computed = False  # compute_step ran and apply_step has not yet
         # intra-op threads of a step: from its multiply-adds (shared.threads), counted once
         self._macs_per_row: int | None = None
+        # seed_dropout walks every module each step: only where a dropout draws from a seed
+        self._has_dropout = any(isinstance(m, SeededDropout) for m in self.model.modules())
         self._step_threads = 1
 
     # ------------------------------------------------------------------ training
@@ -143,8 +146,10 @@ class TopTrainer:
         dropout_seed: int,
         keep: float | None,
     ) -> StepOutcome:
-        self.model.train()
-        seed_dropout(self.model, dropout_seed)
+        if not self.model.training:  # (evaluate and predict leave it in eval mode)
+            self.model.train()
+        if self._has_dropout:
+            seed_dropout(self.model, dropout_seed)
         z = z_tilde.detach().to(self.device).requires_grad_(True)
         targets, side = self._on_device(targets, side)
         logits = self.model(z, side)
@@ -156,12 +161,13 @@ class TopTrainer:
         torch.autograd.backward(loss)
         assert z.grad is not None
         # Check before stepping: a rejected step must leave the model exactly as it was.
-        if not (torch.isfinite(loss) and torch.isfinite(z.grad).all()):
-            raise DivergedError(f"non-finite loss ({float(loss.detach())}) or gradient")
+        loss_value = float(loss.detach())
+        if not (math.isfinite(loss_value) and torch.isfinite(z.grad).all()):
+            raise DivergedError(f"non-finite loss ({loss_value}) or gradient")
         metrics = {"n": float(n), **self._batch_metrics(logits.detach(), targets)}
         self._computed = True
         (grad,) = to_host([z.grad])  # through pinned memory from a GPU
-        return StepOutcome(loss=float(loss.detach()), metrics=metrics, grad=torch.from_numpy(grad))
+        return StepOutcome(loss=loss_value, metrics=metrics, grad=torch.from_numpy(grad))
 
     def apply_step(self) -> None:
         """The optimizer step on the gradients the last ``compute_step`` left."""

@@ -82,6 +82,8 @@ def choose(macs: int, cores: int | None = None) -> int:
     on a machine of ``cores`` (default: this one's); the operator's pin if there is one."""
     if _pinned is not None:
         return _pinned
+    if macs < MIN_PARALLEL_MACS:
+        return 1  # before counting the cores: os.cpu_count() reads sysfs, 20 us a step
     cores = cores if cores is not None else (os.cpu_count() or 1)
     if macs < MIN_PARALLEL_MACS or cores < MIN_CORES:
         return 1

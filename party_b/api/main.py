@@ -118,14 +118,22 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     install_problem_handlers(app)
     install_openapi(app)
     install_docs(app)
+    install_middleware(app, settings.limits.max_body_bytes, lifecycle, metrics)
+    return app
+
+
+def install_middleware(
+    app: FastAPI, max_body_bytes: int, lifecycle: Lifecycle, metrics: Metrics
+) -> None:
+    """Party B's middleware around every request, innermost first (also what
+    ``benchmarks.floor.http_path`` times around an empty route)."""
     # inside the body limit, before routing: one spelling of every path (paths.py)
     app.add_middleware(CanonicalPathMiddleware)
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.limits.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
     # outside the body limit: a draining party B refuses a request before reading its body
     app.add_middleware(InFlightMiddleware, lifecycle=lifecycle)
     # Outermost, so that it also counts what BodyLimitMiddleware refuses (route "unmatched").
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    return app
 
 
 def live_bounds(settings: Settings) -> LiveBounds:

@@ -36,7 +36,7 @@ from party_b.errors import StartupError
 from party_b.ops import admin
 from party_b.ops.maintenance import MaintenanceError, create_private_database
 from party_b.settings import settings_from_flags
-from party_b.store import make_engine, make_session_factory
+from party_b.store import make_engine, make_session_factory, sole
 from party_b.store.engine import one_at_a_time
 
 __all__ = ["build_parser", "main"]
@@ -56,6 +56,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     )
     if settings.database_url is None:
         create_private_database(settings.resolved_database_url())
+    try:  # before anything reads the file: a second party B on it is refused here
+        sole.hold(settings.resolved_database_url())
+    except sole.SQLiteInUse as exc:
+        raise StartupError(str(exc)) from None
     log = logging.getLogger("fedlite.party_b")
     log.info("starting party B: loading torch and the web framework")
 

@@ -21,12 +21,14 @@ import socket
 from collections.abc import Callable
 from typing import TypeVar
 
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api_schemas import ProblemType
 from party_b import store
 from party_b.errors import ProblemError
 from party_b.service.runstate import RunState
+from party_b.store import sole
 
 __all__ = ["Applied", "Ownership", "default_holder", "once_more_if_moved"]
 
@@ -54,8 +56,12 @@ class Ownership:
         self._sessions = sessions
         self._checkpoints_kept = checkpoints_kept
         with sessions() as session:  # (no connection is opened for this)
-            # one SQLite file has one party B: no other process can take its runs over
-            self._shared = session.get_bind().dialect.name != "sqlite"
+            bind = session.get_bind()
+        # one SQLite file has one party B: no other process can take its runs over
+        self._shared = bind.dialect.name != "sqlite"
+        # ... and where this process holds the file's serving lock (store.sole), that is
+        # proven: no lease can move, so a commit need not fence it (an UPDATE every step)
+        self._sole = isinstance(bind, Engine) and sole.holds(bind)
 
     def claim(self, session: Session, run_id: str) -> int:
         """Take the run over, in the transaction that then reads its newest checkpoint;
@@ -79,7 +85,8 @@ class Ownership:
     def fence(self, session: Session, state: RunState) -> None:
         """Refuse a commit from a copy that no longer holds the run (503 ``run-moved``); the
         caller holds ``state.lock`` and is inside the commit's transaction."""
-        if state.lease is not None and store.fence(session, state.run_id, state.lease):
+        lease = state.lease
+        if lease is not None and (self._sole or store.fence(session, state.run_id, lease)):
             return
         if state.lease is not None:
             log.warning("run %s was taken over by another holder; dropping this copy", state.run_id)

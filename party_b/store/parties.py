@@ -11,11 +11,12 @@ Tables of their own, so that an older database gains them with ``create_all`` at
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import ForeignKey, Integer, String, delete, func, select
+from sqlalchemy import ForeignKey, Integer, String, bindparam, delete, func, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from party_b.store.tables import Base, UtcDateTime
+from party_b.store.tables import Base, Run, UtcDateTime
 
 __all__ = [
     "PartyGrant",
@@ -23,6 +24,7 @@ __all__ = [
     "PartyTraffic",
     "active_party_token",
     "add_party_token",
+    "party_credential",
     "party_grant",
     "forget_party_traffic_after",
     "log_party_traffic",
@@ -94,6 +96,13 @@ def party_grant(session: Session, token_sha256: str) -> PartyGrant | None:
     return session.get(PartyGrant, token_sha256)
 
 
+def party_credential(session: Session, digest: str) -> Any:
+    """The party token whose SHA-256 is ``digest`` (hex), revoked or not, of a run that
+    exists: ``token_sha256, run_id, party, revoked_at``, the run's ``owner_id`` and the
+    grant's ``expires_at, subject``. One Core statement (every request looks its caller up)."""
+    return session.connection().execute(_PARTY_CREDENTIAL, {"digest": digest}).first()
+
+
 def party_token_by_hash(session: Session, digest: str) -> PartyToken | None:
     """The party token whose SHA-256 is ``digest`` (hex), revoked or not."""
     return session.get(PartyToken, digest)
@@ -163,3 +172,20 @@ def forget_party_traffic_after(session: Session, run_id: str, step: int) -> None
     session.execute(
         delete(PartyTraffic).where(PartyTraffic.run_id == run_id, PartyTraffic.step > step)
     )
+
+
+# built once, after the tables: a party token of a hash, its run's owner and its grant
+_PARTY_CREDENTIAL = (
+    select(
+        PartyToken.token_sha256,
+        PartyToken.run_id,
+        PartyToken.party,
+        PartyToken.revoked_at,
+        Run.owner_id,
+        PartyGrant.expires_at,
+        PartyGrant.subject,
+    )
+    .join(Run, Run.id == PartyToken.run_id)  # (a deleted run takes its tokens with it)
+    .outerjoin(PartyGrant, PartyGrant.token_sha256 == PartyToken.token_sha256)
+    .where(PartyToken.token_sha256 == bindparam("digest"))
+)
