@@ -12,7 +12,12 @@ from typing import Any
 
 from benchmarks.common import RESULTS, format_ms, load_note
 from benchmarks.first_contact.report import first_contact_table
-from benchmarks.floor.report import floor_breakdown_table, floor_locust_table, floor_table
+from benchmarks.floor.report import (
+    floor_breakdown_table,
+    floor_locust_table,
+    floor_table,
+    http_path_table,
+)
 from benchmarks.scale.report import (
     memory_bounded_table,
     memory_tables,
@@ -354,6 +359,22 @@ def render() -> str:
             "floor-one-path",
             floor_breakdown_table,
         ),
+        (
+            "The per-step floor, the step path cut against 9795eb6 (issue 36)",
+            "floor-step-path",
+            floor_table,
+        ),
+        (
+            "Where a step's time goes, the step path cut (issue 36)",
+            "floor-step-path",
+            floor_breakdown_table,
+        ),
+        (
+            "Small steps under locust, the step path cut against f352584 (issue 36)",
+            "floor-locust-step-path",
+            floor_locust_table,
+        ),
+        ("Party B's HTTP path, layer by layer (issue 36)", "http_path", http_path_table),
         ("Quantizer, all libraries on one thread", "quantizer-1thread", quantizer_table),
         ("Quantizer, default threads", "quantizer", quantizer_table),
         ("Codec", "codec", codec_table),

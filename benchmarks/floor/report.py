@@ -5,7 +5,7 @@ from typing import Any
 
 from benchmarks.common import format_ms
 
-__all__ = ["floor_breakdown_table", "floor_locust_table", "floor_table"]
+__all__ = ["floor_breakdown_table", "floor_locust_table", "floor_table", "http_path_table"]
 
 _B_PARTS = ["decode", "checks", "top_step", "downlink_encode", "store_commit", "framework"]
 _A_PARTS = [
@@ -128,4 +128,30 @@ def floor_locust_table(doc: dict[str, Any]) -> list[str]:
         )
     if "gain" in doc:
         lines += ["", f"Gain in steps/s, after / before: **{doc['gain']:.2f}x**."]
+    return lines
+
+
+def http_path_table(doc: dict[str, Any]) -> list[str]:
+    """Round trips of each layer of party B's HTTP path under each loop and parser
+    (``benchmarks.floor.http_path``), with what each layer adds to the one before."""
+    loads = doc["loads"]
+    lines = [
+        f"*{doc['when']}; `{doc['command']}`; {doc['body_bytes']:,}-byte bodies from an "
+        f"httpx.Client, {doc['rounds']} rounds of {doc['block']} per server, servers taking "
+        f"turns; load average {min(loads):.1f}-{max(loads):.1f}; medians (quartiles) in ms*",
+        "",
+        "| layer | asyncio + h11 | adds | uvloop + httptools | adds |",
+        "|---|---|---|---|---|",
+    ]
+    by = {(r["layer"], r["loop"]): r for r in doc["rows"]}
+    layers = list(dict.fromkeys(r["layer"] for r in doc["rows"]))
+    loops = list(dict.fromkeys(r["loop"] for r in doc["rows"]))
+    for i, layer in enumerate(layers):
+        cells = []
+        for loop in loops:
+            r = by[(layer, loop)]
+            before = by[(layers[i - 1], loop)]["median_ms"] if i else None
+            adds = "–" if before is None else f"{r['median_ms'] - before:+.2f}"
+            cells += [_spread(r), adds]
+        lines.append(f"| {layer} | " + " | ".join(cells) + " |")
     return lines

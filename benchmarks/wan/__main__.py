@@ -22,13 +22,14 @@ both into docs/PERFORMANCE.md.
 """
 
 import argparse
-import functools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +80,52 @@ def _downlink(name: str | None, d: int) -> str:
 # ---------------------------------------------------------------------------- party A side
 
 
-def _mark(marks: list[float], _result: object, _summary: object) -> None:
-    marks.append(time.perf_counter())
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, all its threads (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wire_bytes(dev: str) -> tuple[int, int]:
+    """Bytes this namespace's end of the link has sent and received (its sysfs counters:
+    everything on the wire, headers of HTTP, TCP and IP included)."""
+    stats = Path("/sys/class/net") / dev / "statistics"
+    return int((stats / "tx_bytes").read_text()), int((stats / "rx_bytes").read_text())
+
+
+@dataclass
+class Marks:
+    """Per applied step: when (perf_counter), the CPU seconds every process of the setup had
+    spent by then (party A, party B, the latency proxy) and the link's byte counters."""
+
+    pids: dict[str, int]  # party A's own is read in-process
+    dev: str
+    when: list[float] = field(default_factory=list)
+    cpu: list[dict[str, float]] = field(default_factory=list)
+    wire: list[tuple[int, int]] = field(default_factory=list)
+
+    def __call__(self, _result: object, _summary: object) -> None:
+        self.when.append(time.perf_counter())
+        cpu = {"party_a": time.process_time()}
+        cpu.update({name: _cpu_seconds(pid) for name, pid in self.pids.items()})
+        self.cpu.append(cpu)
+        self.wire.append(_wire_bytes(self.dev))
+
+    def steady(self, warmup: int) -> dict[str, Any]:
+        """The window after ``warmup`` steps: steps/s, the largest gap between two steps
+        against the median gap, CPU seconds per step of each process, wire bytes per step."""
+        w, last = warmup - 1, len(self.when) - 1
+        steps = last - w
+        gaps = [b - a for a, b in zip(self.when[w:-1], self.when[w + 1 :], strict=True)]
+        cpu = {k: (self.cpu[last][k] - self.cpu[w][k]) / steps for k in self.cpu[w]}
+        return {
+            "steps_per_s": steps / (self.when[last] - self.when[w]),
+            "max_gap_ms": 1000 * max(gaps),
+            "median_gap_ms": 1000 * statistics.median(gaps),
+            "cpu_s_per_step": cpu,
+            "wire_up_bytes_per_step": (self.wire[last][0] - self.wire[w][0]) / steps,
+            "wire_down_bytes_per_step": (self.wire[last][1] - self.wire[w][1]) / steps,
+        }
 
 
 def party_a(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -115,26 +160,25 @@ def party_a(spec: dict[str, Any]) -> list[dict[str, Any]]:
                 "run.pipeline_depth": run["depth"],
                 "run.downlink": _downlink(run.get("downlink"), d),
             }
-            marks: list[float] = []  # perf_counter() at each applied step
+            marks = Marks(spec["pids"], spec["dev"])
             trainer = PartyATrainer(
                 config=load_config(None, overrides),
                 features=task.features,
                 transport=transport,
                 store=LocalStore.in_directory(state),
                 server=spec["url"],
-                on_step=functools.partial(_mark, marks),
+                on_step=marks,
             )
             trainer.prepare()
             summary = trainer.train()
-            w = spec["warmup"]
-            steady = (len(marks) - w) / (marks[-1] - marks[w - 1])
+            steady = marks.steady(spec["warmup"])
             records.append(
                 {
-                    **{k: run[k] for k in ("method_name", "depth", "name")},
+                    **{k: run[k] for k in ("method_name", "depth", "name", "repeat")},
                     "downlink": overrides["run.downlink"],
                     "steps": summary.last_step,
-                    "steps_per_s": steady,
-                    "seconds_per_step": 1.0 / steady,
+                    **steady,
+                    "seconds_per_step": 1.0 / steady["steps_per_s"],
                     "uplink_bytes_per_step": summary.bytes_sent / summary.last_step,
                     "downlink_bytes_per_step": summary.bytes_received / summary.last_step,
                     "resent": summary.resent,
@@ -192,7 +236,7 @@ def _task_runs(
     records: list[dict[str, Any]] = []
     log_b = work / f"party_b-{task}.log"
     with child_process(netns.in_ns(link.ns_b, serve), log_b, env=env, cwd=ROOT) as party_b:
-        _wait_healthy(link, party_b, log_b)
+        _wait_healthy(link, party_b, log_b)  # (ip netns exec execs: the pid is party B's)
         for mbit, rtt in args.scenarios:
             link.shape(mbit)
             label = f"{mbit:g}mbit-{rtt:g}ms"
@@ -200,23 +244,33 @@ def _task_runs(
                 "benchmarks.wan.netproxy", "--listen", f"127.0.0.1:{PORT_PROXY}",
                 "--target", f"{link.addr_b}:{PORT_B}", "--delay-ms", str(rtt / 2),
             )  # fmt: skip
+            # every method and depth once per repeat, repeats interleaved (A B A B): each
+            # point's spread is over the same stretch of the machine's noise
             runs = [
-                {**m, "method_name": m["name"], "depth": k, "name": f"{label}-{m['name']}-K{k}"}
+                {
+                    **m, "method_name": m["name"], "depth": k, "repeat": rep,
+                    "name": f"{label}-{m['name']}-K{k}-r{rep}",
+                }
+                for rep in range(args.repeats)
                 for m in methods(args.downlink)
+                if args.methods is None or m["name"] in args.methods
                 for k in [1, *args.depths]
-            ]
-            spec = {
-                "task": task, "url": f"http://127.0.0.1:{PORT_PROXY}", "runs": runs,
-                "steps": args.steps, "warmup": args.warmup, "state_dir": str(work / f"a-{task}"),
-            }  # fmt: skip
+            ]  # fmt: skip
             spec_path, out_path = (
                 work / f"spec-{task}-{label}.json",
                 work / f"out-{task}-{label}.json",
             )
-            spec_path.write_text(json.dumps(spec))
             with child_process(
                 netns.in_ns(link.ns_a, proxy), work / f"proxy-{label}.log", env=env, cwd=ROOT
-            ):
+            ) as proxy_process:
+                spec = {
+                    "task": task, "url": f"http://127.0.0.1:{PORT_PROXY}", "runs": runs,
+                    "steps": args.steps, "warmup": args.warmup,
+                    "state_dir": str(work / f"a-{task}"),
+                    "pids": {"party_b": party_b.pid, "proxy": proxy_process.pid},
+                    "dev": link.dev_a,
+                }  # fmt: skip
+                spec_path.write_text(json.dumps(spec))
                 time.sleep(1.0)
                 command = _python("benchmarks.wan", "party-a", str(spec_path), str(out_path))
                 done = subprocess.run(
@@ -251,8 +305,12 @@ def main() -> None:
     inner.add_argument("spec", type=Path)
     inner.add_argument("out", type=Path)
     parser.add_argument("--tasks", default="femnist,default_credit")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--out", type=Path, help="default benchmarks/results/wan.json")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs of every point, interleaved (default 3)"
+    )
     parser.add_argument("--depths", default="4", help="pipeline depths K > 1, comma-separated")
     parser.add_argument(
         "--downlink",
@@ -261,11 +319,15 @@ def main() -> None:
         "or 'default', the product's default for the task's cut width (the default)",
     )
     parser.add_argument("--scenario", action="append", help="MBIT:RTT_MS (default 100:10, 20:40)")
+    parser.add_argument(
+        "--methods", help="only these methods, comma-separated (e.g. fedlite+default)"
+    )
     args = parser.parse_args()
     if args.command == "party-a":
         args.out.write_text(json.dumps(party_a(json.loads(args.spec.read_text()))))
         return
     args.depths = [int(k) for k in args.depths.split(",") if k]
+    args.methods = args.methods.split(",") if args.methods else None
     args.downlink = args.downlink or ["default"]
     args.scenarios = (
         [tuple(float(v) for v in s.split(":")) for s in args.scenario]
@@ -274,7 +336,7 @@ def main() -> None:
     )
     payload: dict[str, Any] = {
         "versions": versions("torch", "httpx", "uvicorn"),
-        "settings": {k: v for k, v in vars(args).items() if k != "command"},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("command", "out")},
         "latency": (
             "user-space proxy, RTT/2 each way (benchmarks.wan.netproxy); tbf on both veth ends"
         ),
@@ -285,14 +347,14 @@ def main() -> None:
     reason = netns.unavailable()
     if reason is not None:
         print(f"skipped: {reason}")
-        write_result("wan", {**payload, "skipped": reason, "runs": []})
+        write_result("wan", {**payload, "skipped": reason, "runs": []}, args.out)
         return
     records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fedlite-wan-") as tmp, netns.link() as link:
         for task in args.tasks.split(","):
             records += _task_runs(task, link, args, Path(tmp))
     _speedups(records)
-    print(f"wrote {write_result('wan', {**payload, 'runs': records})}")
+    print(f"wrote {write_result('wan', {**payload, 'runs': records}, args.out)}")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ class Link:
     ns_b: str = NS_B
     addr_a: str = ADDR_A
     addr_b: str = ADDR_B
+    dev_a: str = DEV_A  # party A's end of the veth pair, in namespace A
 
     def shape(self, mbit: float) -> None:
         """Both directions at ``mbit`` Mbit/s. The bucket holds 4 ms at the rate but at least

@@ -60,3 +60,44 @@ def test_without_root_the_benchmark_says_why_it_skips(monkeypatch: pytest.Monkey
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     reason = netns.unavailable()
     assert reason is not None and "root" in reason
+
+
+def _record(**overrides: object) -> dict[str, object]:
+    record: dict[str, object] = {
+        "task": "femnist", "mbit": 20.0, "rtt_ms": 40.0, "method_name": "fedlite+default",
+        "depth": 4, "steps_per_s": 20.0, "uplink_bytes_per_step": 3_000,
+        "downlink_bytes_per_step": 19_000, "wire_up_bytes_per_step": 5_000,
+        "wire_down_bytes_per_step": 25_000, "resent": 0, "max_gap_ms": 80.0,
+        # 0.05 CPU seconds a step in all: 2 cores allow 40 steps/s
+        "cpu_s_per_step": {"party_a": 0.02, "party_b": 0.02, "proxy": 0.01},
+    }  # fmt: skip
+    record.update(overrides)
+    return record
+
+
+def test_a_runs_bound_is_the_nearer_of_the_links_and_the_cpus() -> None:
+    from benchmarks.wan.report import bound, network_bound
+
+    # the link: 2.5 MB/s over 25 kB a step down is 100 steps/s; four steps in flight, each
+    # 52 ms (2 + 10 ms of transfers and a 40 ms round trip), allow 77: the link allows 77
+    link = network_bound(_record())
+    assert link == pytest.approx(min(4 / (5_000 / 2.5e6 + 25_000 / 2.5e6 + 0.04), 100.0))
+    assert bound(_record(), cores=2) == (pytest.approx(40.0), "cpu")
+    # a run that spent a fifth of the CPU is bound by the link
+    light = _record(cpu_s_per_step={"party_a": 0.004, "party_b": 0.004, "proxy": 0.002})
+    assert bound(light, cores=2) == (pytest.approx(link), "link")
+
+
+def test_a_points_spread_and_worst_fraction_come_from_its_repeats() -> None:
+    from benchmarks.wan.report import points
+
+    doc = {
+        "machine": {"cpus": 2},
+        "runs": [_record(steps_per_s=v, repeat=i) for i, v in enumerate((36.0, 20.0, 30.0))],
+    }
+
+    (point,) = points(doc)
+
+    assert (point["median"], point["low"], point["high"]) == (30.0, 20.0, 36.0)
+    assert point["worst_fraction"] == pytest.approx(20.0 / 40.0)
+    assert point["bound_kind"] == "cpu"
