@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
 
-__all__ = ["Link", "link", "unavailable"]
+__all__ = ["Link", "burst_bytes", "link", "unavailable"]
 
 NS_A, NS_B = "fedlite-wan-a", "fedlite-wan-b"
 DEV_A, DEV_B = "fedlite-va", "fedlite-vb"
@@ -64,12 +64,18 @@ class Link:
         """Both directions at ``mbit`` Mbit/s. The bucket holds 4 ms at the rate but at least
         64 KiB: veth hands tbf segments of up to 64 KiB (GSO), bigger than a bucket would
         drop them."""
-        burst = max(int(mbit * 1e6 / 8 * 0.004), 65536 + 1514)
+        burst = burst_bytes(mbit)
         for ns, dev in ((self.ns_a, DEV_A), (self.ns_b, DEV_B)):
             _ip(
                 "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
                 "rate", f"{mbit}mbit", "burst", str(burst), "latency", "400ms",
             )  # fmt: skip
+
+
+def burst_bytes(mbit: float) -> int:
+    """The tbf bucket at ``mbit`` Mbit/s (``Link.shape``): 4 ms at the rate, at least 64 KiB
+    and a frame. A link idle long enough to fill it passes that many bytes at once."""
+    return max(int(mbit * 1e6 / 8 * 0.004), 65536 + 1514)
 
 
 def _remove() -> None:

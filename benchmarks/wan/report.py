@@ -4,6 +4,8 @@
 import statistics
 from typing import Any
 
+from benchmarks.wan.netns import burst_bytes
+
 __all__ = ["bound", "cpu_bound", "network_bound", "points", "staleness_table", "wan_table"]
 
 
@@ -13,14 +15,19 @@ def _kb(x: float) -> str:
 
 def network_bound(r: dict[str, Any]) -> float:
     """Steps/s the link alone would allow (no compute), from the bytes per step on the wire
-    (the link's own counters; the messages' bytes in records from before they were kept):
-    K = 1 waits for both transfers and a round trip; K > 1 overlaps K of those, up to the
-    busier direction's bandwidth (each direction has the link's rate)."""
+    (the link's own counters; the messages' bytes in records from before they were kept).
+
+    Each direction carries the link's rate, and K steps are in flight: at most K round trips
+    of steps per RTT plus the part of a step's transfers the link's token bucket does not
+    pass at once (tbf: ``netns.burst_bytes``; a 33 KB message on an idle 20 Mbit/s link
+    arrives after the RTT alone), and at most the busier direction's rate over its bytes."""
     bytes_per_s = r["mbit"] * 1e6 / 8
-    up = r.get("wire_up_bytes_per_step", r["uplink_bytes_per_step"]) / bytes_per_s
-    down = r.get("wire_down_bytes_per_step", r["downlink_bytes_per_step"]) / bytes_per_s
-    serial = up + down + r["rtt_ms"] / 1000
-    return float(min(r["depth"] / serial, 1 / max(up, down)))
+    up = r.get("wire_up_bytes_per_step", r["uplink_bytes_per_step"])
+    down = r.get("wire_down_bytes_per_step", r["downlink_bytes_per_step"])
+    burst = burst_bytes(r["mbit"])
+    queued = (max(0.0, up - burst) + max(0.0, down - burst)) / bytes_per_s
+    serial = queued + r["rtt_ms"] / 1000
+    return float(min(r["depth"] / serial, bytes_per_s / max(up, down)))
 
 
 def cpu_bound(r: dict[str, Any], cores: int) -> float | None:

@@ -76,16 +76,20 @@ def _record(**overrides: object) -> dict[str, object]:
 
 
 def test_a_runs_bound_is_the_nearer_of_the_links_and_the_cpus() -> None:
+    from benchmarks.wan.netns import burst_bytes
     from benchmarks.wan.report import bound, network_bound
 
-    # the link: 2.5 MB/s over 25 kB a step down is 100 steps/s; four steps in flight, each
-    # 52 ms (2 + 10 ms of transfers and a 40 ms round trip), allow 77: the link allows 77
-    link = network_bound(_record())
-    assert link == pytest.approx(min(4 / (5_000 / 2.5e6 + 25_000 / 2.5e6 + 0.04), 100.0))
+    # small messages pass the idle link's bucket at once: four steps per 40 ms round trip
+    # allow 100 steps/s, and so does 2.5 MB/s over 25 kB a step
+    assert burst_bytes(20.0) > 25_000
+    assert network_bound(_record()) == pytest.approx(100.0)
+    # a 737 kB gradient does not: 2.5 MB/s over it allows 3.4 steps/s
+    float32 = _record(wire_down_bytes_per_step=737_000)
+    assert network_bound(float32) == pytest.approx(2.5e6 / 737_000)
+    # the CPU: 2 cores over 0.05 CPU seconds a step allow 40 steps/s, nearer than the link
     assert bound(_record(), cores=2) == (pytest.approx(40.0), "cpu")
-    # a run that spent a fifth of the CPU is bound by the link
     light = _record(cpu_s_per_step={"party_a": 0.004, "party_b": 0.004, "proxy": 0.002})
-    assert bound(light, cores=2) == (pytest.approx(link), "link")
+    assert bound(light, cores=2) == (pytest.approx(100.0), "link")
 
 
 def test_a_points_spread_and_worst_fraction_come_from_its_repeats() -> None:
