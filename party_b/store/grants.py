@@ -33,7 +33,7 @@ def token_credential(session: Session, digest: str) -> Any:
     grant: ``id, name, token_sha256, revoked_at`` and the grant's ``scopes, expires_at,
     subject, runs_of`` (``scopes`` None: no grant). Every request looks its caller up, so
     this is one Core statement on the session's connection: the ORM's two lookups took
-    0.28 ms a request against 0.05 (docs/PERFORMANCE.md, "The floor")."""
+    0.28 ms a request against 0.05 (docs/PERFORMANCE.md, "Steps at the limit")."""
     return session.connection().execute(_TOKEN_CREDENTIAL, {"digest": digest}).first()
 
 

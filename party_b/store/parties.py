@@ -25,10 +25,8 @@ __all__ = [
     "active_party_token",
     "add_party_token",
     "party_credential",
-    "party_grant",
     "forget_party_traffic_after",
     "log_party_traffic",
-    "party_token_by_hash",
     "party_tokens",
     "party_traffic",
     "revoke_party_tokens",
@@ -91,21 +89,11 @@ def add_party_token(
         session.add(PartyGrant(token_sha256=token_sha256, expires_at=expires_at, subject=subject))
 
 
-def party_grant(session: Session, token_sha256: str) -> PartyGrant | None:
-    """The party token's grant; None: no expiry, no certificate."""
-    return session.get(PartyGrant, token_sha256)
-
-
 def party_credential(session: Session, digest: str) -> Any:
     """The party token whose SHA-256 is ``digest`` (hex), revoked or not, of a run that
     exists: ``token_sha256, run_id, party, revoked_at``, the run's ``owner_id`` and the
     grant's ``expires_at, subject``. One Core statement (every request looks its caller up)."""
     return session.connection().execute(_PARTY_CREDENTIAL, {"digest": digest}).first()
-
-
-def party_token_by_hash(session: Session, digest: str) -> PartyToken | None:
-    """The party token whose SHA-256 is ``digest`` (hex), revoked or not."""
-    return session.get(PartyToken, digest)
 
 
 def active_party_token(session: Session, run_id: str, party: str) -> PartyToken | None:
