@@ -3,7 +3,10 @@
 Party B is ``fedlite-b serve`` in namespace B; party A is the product's ``PartyATrainer`` over
 ``HttpTransport`` in namespace A, through ``benchmarks.wan.netproxy`` (RTT/2 each way) and a
 veth pair shaped by tbf (``benchmarks.wan.netns``). For every scenario (bandwidth, RTT), task
-and method it trains ``--steps`` steps and measures the steady rate after ``--warmup`` steps.
+and method it trains ``--steps`` steps and measures the steady rate after ``--warmup`` steps,
+``--repeats`` times, the repeats interleaved. Each run also keeps the CPU seconds per step of
+party A, party B and the proxy, the bytes the link carried and the largest gap between two
+applied steps: ``report`` puts each point's spread beside its nearer bound (link or CPU).
 
 Methods: SplitFed (raw float32 both ways), FedLite (PQ uplink, float32 gradients: the paper's)
 and FedLite with each downlink named by ``--downlink`` (``default``: the one a new run of the
@@ -12,7 +15,8 @@ other name is a representation of docs/PROTOCOL.md 4.2.1 set as ``[run] downlink
 pipeline depth K = 1 and every ``--depths`` value. One checkpoint at the end, so the rate is
 the steady pipelined one (a run with ``checkpoint_interval`` c refills K-1 steps every c).
 
-    sudo python -m benchmarks.wan [--steps 40] [--warmup 8] [--downlink default]
+    sudo python -m benchmarks.wan [--steps 60] [--warmup 10] [--repeats 3] [--downlink default]
+    sudo python -m benchmarks.wan --tasks femnist --scenario 20:40 --methods fedlite+default
 
 Without root or iproute2 it writes the reason into the JSON and exits 0.
 
