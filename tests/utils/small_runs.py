@@ -5,6 +5,7 @@ then build well-formed step / evaluate / predict bodies for it, to send as they 
 mutate into hostile ones.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,8 +122,11 @@ class SmallRun:
 ALIGNED_IDS = [f"u{i:03d}" for i in range(0, 64, 2)] + ["stranger"]
 
 
-def aligned_run(client: httpx.Client, **overrides: Any) -> SmallRun:
-    """Create a run and align it on the even ids plus one party B does not hold."""
+def aligned_run(
+    client: httpx.Client, ids: Sequence[str] = ALIGNED_IDS, **overrides: Any
+) -> SmallRun:
+    """Create a run and align it on ``ids`` (by default the even ids plus one party B does
+    not hold)."""
     spec = run_spec(**overrides)
     created = client.post("/v1/runs", json=spec)
     assert created.status_code == 201, created.text
@@ -130,7 +134,7 @@ def aligned_run(client: httpx.Client, **overrides: Any) -> SmallRun:
     key = bytes.fromhex(run["alignment_key"])
     answer = client.post(
         f"/v1/runs/{run['id']}/alignment",
-        json={"hashed_ids": [k.hex() for k in hmac_ids(key, ALIGNED_IDS)]},
+        json={"hashed_ids": [k.hex() for k in hmac_ids(key, list(ids))]},
     )
     assert answer.status_code == 200, answer.text
     aligned = [bytes.fromhex(h) for h in answer.json()["intersection"]]
