@@ -38,6 +38,7 @@ from party_b.device import use_device
 from party_b.inprocess import InProcessTransport, in_process_party_b
 from party_b.ops.launch import child_process, free_port, wait_until_healthy
 from party_b.settings import Limits
+from party_b.store import sole
 from shared.accounting import PAPER_PHI, paper_message_bits, pq_step_request_bytes
 from shared.devices import describe, resolve_device
 from shared.models import build_bottom, cut_dim
@@ -232,10 +233,12 @@ def http_party_b(config: RunConfig, workdir: Path) -> Iterator[str]:
 def _transport(config: RunConfig, task: TaskData, workdir: Path) -> Iterator[tuple[Transport, str]]:
     if config.transport == "inprocess":
         use_device(config.device)  # party B's device is its process's: here, this one
-        service, caller = in_process_party_b(
-            task.labels, workdir / "party_b.sqlite", limits=EXPERIMENT_LIMITS
-        )
-        yield InProcessTransport(service, caller, problem=problem_from_body), "in-process"
+        database = workdir / "party_b.sqlite"
+        service, caller = in_process_party_b(task.labels, database, limits=EXPERIMENT_LIMITS)
+        try:
+            yield InProcessTransport(service, caller, problem=problem_from_body), "in-process"
+        finally:
+            sole.release(f"sqlite:///{database}")  # a sweep runs many runs in one process
     elif config.transport == "http":
         with http_party_b(config, workdir) as url, HttpTransport(url, HTTP_TOKEN) as transport:
             yield transport, url

@@ -19,7 +19,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
-__all__ = ["SQLiteInUse", "hold", "holds"]
+__all__ = ["SQLiteInUse", "hold", "holds", "release"]
 
 # realpath of the SQLite file -> the open lock file of this process (kept open: closing it
 # would release the lock)
@@ -65,6 +65,16 @@ def hold(url: str) -> bool:
     os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
     _held[path] = fd
     return True
+
+
+def release(url: str) -> None:
+    """Let go of the SQLite file of ``url`` (a no-op unless this process holds it): for a
+    process that serves many files one after another (the experiments' in-process party
+    B, a file per run), which would otherwise keep a lock file open per file."""
+    path = _database_file(url)
+    fd = _held.pop(path, None) if path is not None else None
+    if fd is not None:
+        os.close(fd)  # closing the last descriptor releases the flock
 
 
 def holds(engine: Engine) -> bool:

@@ -57,6 +57,17 @@ def test_a_file_no_process_holds_is_free_and_freed_when_its_holder_exits(tmp_pat
     assert not sole.holds(make_engine(url))  # this process never took it
 
 
+def test_a_released_file_is_free_for_another_process(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'party_b.sqlite'}"
+    sole.hold(url)
+
+    sole.release(url)
+    other = _other_process_holds(url)
+
+    assert (other.returncode, other.stdout.strip()) == (0, "held"), other.stdout
+    assert not sole.holds(make_engine(url))
+
+
 def test_other_databases_are_never_held() -> None:
     assert sole.hold("postgresql+psycopg://party_b@db.example.org/party_b") is False
     assert sole.hold("sqlite://") is False  # in memory: nobody else can open it
