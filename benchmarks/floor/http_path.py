@@ -40,13 +40,14 @@ import httpx
 from benchmarks.common import ROOT, versions, write_result
 from party_b.ops.launch import free_port
 
-__all__ = ["CONFIGS", "LAYERS", "build_app", "main"]
+__all__ = ["BODY", "CONFIGS", "HEADERS", "LAYERS", "PATH", "build_app", "main"]
 
 LAYERS = ("asgi", "fastapi", "middleware", "auth", "thread")
 CONFIGS = (("asyncio", "h11"), ("uvloop", "httptools"))
 TOKEN = "http-path-benchmark-token-0123456789"
 BODY = bytes(range(256)) * 5 + bytes(220)  # 1,500 bytes, a small step request's size
 PATH = "/v1/echo"
+HEADERS = {"authorization": f"Bearer {TOKEN}", "content-type": "application/msgpack"}
 
 
 def build_app(layer: str, database: Path) -> Any:
@@ -147,7 +148,7 @@ def server(layer: str, loop: str, http: str, work: Path) -> Iterator[str]:
             if proc.poll() is not None:
                 raise RuntimeError(f"{layer} ({loop}, {http}) exited with {proc.returncode}")
             try:
-                httpx.post(url + PATH, content=BODY, headers=_headers(), timeout=2)
+                httpx.post(url + PATH, content=BODY, headers=HEADERS, timeout=2)
                 break
             except httpx.TransportError:
                 if time.monotonic() > deadline:
@@ -159,16 +160,12 @@ def server(layer: str, loop: str, http: str, work: Path) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-def _headers() -> dict[str, str]:
-    return {"authorization": f"Bearer {TOKEN}", "content-type": "application/msgpack"}
-
-
 def block(client: httpx.Client, url: str, n: int) -> list[float]:
     """``n`` round trips of the body (seconds each); each answer checked."""
     out = []
     for _ in range(n):
         start = time.perf_counter()
-        response = client.post(url + PATH, content=BODY, headers=_headers())
+        response = client.post(url + PATH, content=BODY, headers=HEADERS)
         out.append(time.perf_counter() - start)
         if response.status_code != 200 or response.content != BODY:
             raise RuntimeError(f"{url}: {response.status_code} {response.content[:200]!r}")

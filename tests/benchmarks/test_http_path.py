@@ -25,7 +25,7 @@ def _post(app: Any, headers: dict[str, str]) -> httpx.Response:
 def test_every_layer_answers_the_body_with_itself(layer: str, tmp_path: Path) -> None:
     app = http_path.build_app(layer, tmp_path / "party_b.sqlite")
 
-    response = _post(app, http_path._headers())
+    response = _post(app, http_path.HEADERS)
 
     assert response.status_code == 200
     assert response.content == http_path.BODY
