@@ -41,7 +41,11 @@ from tests.utils.cli import run_cli
 from tests.utils.servers import ALICE, REPO_ROOT
 
 STEPS = 600
-KILL_AT = (150, 300, 450)  # run 0's steps at which the replica holding it is killed
+# run 0's steps at which the replica holding it is killed: between two of its checkpoints
+# (every 10 steps), so that every kill loses applied steps and party A rolls back, whatever
+# the pipelined step after it did (at a checkpoint step, a rollback happened only when that
+# step had been answered before the kill: the count depended on timing)
+KILL_AT = (155, 305, 455)
 
 
 def _require(program: str, package: str) -> None:
@@ -196,9 +200,11 @@ class _KillGate:
     def __init__(self) -> None:
         self.arrived: queue.Queue[int] = queue.Queue()
         self.resume = threading.Event()
+        self.held: set[int] = set()  # a step applied again after a rollback is not held again
 
     def on_step(self, step: int) -> None:
-        if step in KILL_AT:
+        if step in KILL_AT and step not in self.held:
+            self.held.add(step)
             self.arrived.put(step)
             assert self.resume.wait(600), "the killer never let the run go on"
             self.resume.clear()
@@ -277,7 +283,7 @@ def test_replicas_behind_haproxy_survive_sigkills_of_the_replica_serving_a_run(
             logged = [row["step"] for row in transport.step_log(trainer.run_id)]
         assert (bottom, top) == expected[seed], seed
         assert logged == list(range(1, STEPS + 1)), seed
-    assert sum(summary.rollbacks for summary in results.values()) >= 1
+    assert results[0].rollbacks >= len(KILL_AT)
 
 
 def _cmdline(pid: int) -> str:
