@@ -25,7 +25,7 @@ from shared.devices import to_host
 from shared.models import build_bottom, build_seeded, seed_dropout, takes_tokens
 from shared.pq import GroupedProductQuantizer, PQConfig
 from shared.schedule import step_seed
-from shared.training import make_optimizer, state_from_bytes, state_to_bytes
+from shared.training import clear_gradients, make_optimizer, state_from_bytes, state_to_bytes
 
 __all__ = ["FREEZE_SAMPLES", "BottomTrainer", "PendingStep", "StepResult"]
 
@@ -165,7 +165,7 @@ class BottomTrainer:
         corrected = correct_gradient(
             grad, pending.z, pending.z_tilde, self.lam, chunk_rows=pending.chunk_sizes
         )
-        self.optimizer.zero_grad(set_to_none=True)
+        clear_gradients(self.optimizer)
         if pending.stashed is None:
             torch.autograd.backward(pending.z, corrected)
         else:  # the gradient at the stashed weights, applied to the live ones

@@ -26,7 +26,7 @@ from party_b.device import compute_device
 from shared import threads
 from shared.devices import to_host
 from shared.models import SeededDropout, build_seeded, build_top, seed_dropout
-from shared.training import make_optimizer, state_from_bytes, state_to_bytes
+from shared.training import clear_gradients, make_optimizer, state_from_bytes, state_to_bytes
 from shared.types import Task
 
 __all__ = [
@@ -157,7 +157,7 @@ class TopTrainer:
             loss, n = forward_corrected(logits, targets, keep), int(logits.shape[0])
         else:
             loss, n = self._loss(logits, targets)
-        self.optimizer.zero_grad(set_to_none=True)
+        clear_gradients(self.optimizer)
         torch.autograd.backward(loss)
         assert z.grad is not None
         # Check before stepping: a rejected step must leave the model exactly as it was.

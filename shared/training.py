@@ -8,7 +8,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["make_optimizer", "state_from_bytes", "state_sha256", "state_to_bytes"]
+__all__ = [
+    "clear_gradients",
+    "make_optimizer",
+    "state_from_bytes",
+    "state_sha256",
+    "state_to_bytes",
+]
 
 
 def make_optimizer(
@@ -55,6 +61,15 @@ def _adagrad(
         initial_accumulator_value=initial + float(eps),
         eps=0.0,
     )
+
+
+def clear_gradients(optimizer: torch.optim.Optimizer) -> None:
+    """Every parameter's gradient set to None: ``optimizer.zero_grad(set_to_none=True)``
+    without its wrappers (a profiler record and torch.compile's guard), which took about as
+    long as a small model's whole backward, every step (docs/PERFORMANCE.md)."""
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            parameter.grad = None
 
 
 def state_to_bytes(state: dict[str, Any]) -> bytes:
