@@ -3,8 +3,10 @@ metrics, the runs in memory and this replica's run leases. Built once by ``build
 each room takes it whole.
 """
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from party_b.labels import LabelSource
@@ -34,6 +36,13 @@ class ServiceContext:
     checkpoints_kept: int = 3  # per run, besides step 0
     step_hold: float = 5.0  # the longest wait of a step for its predecessor (one party)
     party_wait: float = 20.0  # the longest wait of a request for the other feature parties'
+
+    def transaction(self) -> AbstractContextManager[Connection]:
+        """A Core connection in a transaction, committed when the block ends (rolled back if
+        it raises): a step's commit, where a session's set-up and bookkeeping cost more than
+        the step-log insert it carries (docs/PERFORMANCE.md, "Steps at the limit")."""
+        engine: Engine = self.sessions.kw["bind"]
+        return engine.begin()
 
     def wait_of(self, plan: PartyPlan) -> float:
         """The longest wait in seconds of one request of a run with ``plan``'s parties (only

@@ -29,6 +29,7 @@ from party_b import store
 from party_b.errors import ProblemError
 from party_b.service.runstate import RunState
 from party_b.store import sole
+from party_b.store.engine import Database
 
 __all__ = ["Applied", "Ownership", "default_holder", "once_more_if_moved"]
 
@@ -82,11 +83,11 @@ class Ownership:
         state.lease = None
         return False
 
-    def fence(self, session: Session, state: RunState) -> None:
+    def fence(self, db: Database, state: RunState) -> None:
         """Refuse a commit from a copy that no longer holds the run (503 ``run-moved``); the
-        caller holds ``state.lock`` and is inside the commit's transaction."""
+        caller holds ``state.lock`` and is inside the commit's transaction (``db``'s)."""
         lease = state.lease
-        if lease is not None and (self._sole or store.fence(session, state.run_id, lease)):
+        if lease is not None and (self._sole or store.fence(db, state.run_id, lease)):
             return
         if state.lease is not None:
             log.warning("run %s was taken over by another holder; dropping this copy", state.run_id)
@@ -97,22 +98,22 @@ class Ownership:
             "nothing was applied here: send it again",
         )
 
-    def checkpoint(self, session: Session, state: RunState, at: Applied | None = None) -> None:
+    def checkpoint(self, db: Database, state: RunState, at: Applied | None = None) -> None:
         """Fence (503 ``run-moved``), then write the run's checkpoint: its top model and
         optimizer as they are, recorded as step ``at`` (a step being committed, with every
         party's request digest and answer) or, by default, the run's applied step. The one
         way a live run is checkpointed: a step's commit, the end of a run, a run leaving
         memory, a drain. The caller holds ``state.lock`` and commits; pruning keeps the run's
         newest interval checkpoints (party A keeps the same ones) and the newest of all."""
-        self.fence(session, state)
-        self.save(session, state, at)
+        self.fence(db, state)
+        self.save(db, state, at)
 
-    def save(self, session: Session, state: RunState, at: Applied | None = None) -> None:
+    def save(self, db: Database, state: RunState, at: Applied | None = None) -> None:
         """``checkpoint`` within a transaction that fenced already (a step's commit)."""
         step, digests, answers = at or (state.step, state.last_request_sha, state.last_response)
         model_state, optimizer_state = state.trainer.state()
         store.save_checkpoint(
-            session,
+            db,
             run_id=state.run_id,
             step=step,
             model_state=model_state,

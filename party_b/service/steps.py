@@ -322,10 +322,10 @@ class Steps:
         wait for the others)."""
         t, (parts, answers), (computed, started) = applied[0], traffic, times
         checked = max(p.checked_seconds for p in parts)
-        with self._ctx.sessions() as session:
-            self._ctx.ownership.fence(session, state)  # 503 run-moved if no longer ours
+        with self._ctx.transaction() as connection:
+            self._ctx.ownership.fence(connection, state)  # 503 run-moved if no longer ours
             store.log_step(
-                session,
+                connection,
                 run_id=state.run_id,
                 step=t,
                 loss=finite_or_none(outcome.loss),
@@ -339,11 +339,10 @@ class Steps:
             if state.plan.named:
                 each = zip(state.plan.names, parts, answers, strict=True)
                 party_store.log_party_traffic(
-                    session, state.run_id, t, [(n, len(p.body), len(a)) for n, p, a in each]
+                    connection, state.run_id, t, [(n, len(p.body), len(a)) for n, p, a in each]
                 )
             if t % state.config.checkpoint_interval == 0 or t == state.config.steps:
-                self._ctx.ownership.save(session, state, applied)
-            session.commit()
+                self._ctx.ownership.save(connection, state, applied)
 
     def _count(self, parts: list[Part], answers: list[bytes], seconds: float) -> None:
         metrics = self._ctx.metrics

@@ -12,6 +12,7 @@ import msgpack
 from sqlalchemy import CursorResult, Table, bindparam, delete, insert, select
 from sqlalchemy.orm import Session
 
+from party_b.store.engine import Database, connection_of
 from party_b.store.parties import forget_party_traffic_after
 from party_b.store.tables import Checkpoint, StepLog
 
@@ -62,7 +63,7 @@ def unpack_answers(
 
 
 def save_checkpoint(
-    session: Session,
+    db: Database,
     *,
     run_id: str,
     step: int,
@@ -83,7 +84,7 @@ def save_checkpoint(
     """
     # Core statements on the session's connection: ``session.merge`` first loaded the row
     # through the ORM, whose loader set-up alone took 17 ms a checkpoint (docs/PERFORMANCE.md)
-    connection = session.connection()
+    connection = connection_of(db)
     connection.execute(_DELETE_ONE, {"run_id": run_id, "step": step})
     connection.execute(
         _INSERT,
@@ -96,16 +97,14 @@ def save_checkpoint(
             "response": response,
         },
     )
-    steps = session.scalars(
-        select(Checkpoint.step).where(Checkpoint.run_id == run_id).order_by(Checkpoint.step.desc())
+    steps = connection.scalars(
+        select(_TABLE.c.step).where(_TABLE.c.run_id == run_id).order_by(_TABLE.c.step.desc())
     ).all()
     if interval is None:
         kept = list(steps[:keep])
     else:
         kept = [s for s in steps if s % interval == 0][:keep] + list(steps[:1])
-    session.execute(
-        delete(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step.not_in(kept))
-    )
+    connection.execute(delete(_TABLE).where(_TABLE.c.run_id == run_id, _TABLE.c.step.not_in(kept)))
 
 
 def checkpoint_steps(session: Session, run_id: str) -> list[int]:

@@ -8,13 +8,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, Integer, create_engine, event, func, select, text
+from sqlalchemy import Connection, Engine, Integer, create_engine, event, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from party_b.store.tables import Base
 
 __all__ = [
+    "Database",
     "checkpoint_wal",
+    "connection_of",
     "copy_database",
     "make_engine",
     "make_session_factory",
@@ -22,6 +24,16 @@ __all__ = [
 ]
 
 log = logging.getLogger("fedlite.party_b")
+
+# Where a write goes: an ORM session's transaction, or a Core connection's (a step's commit
+# takes a connection: a session's set-up and bookkeeping cost more than its one insert)
+Database = Session | Connection
+
+
+def connection_of(db: Database) -> Connection:
+    """The connection a write on ``db`` executes on: the session's (in its transaction)."""
+    return db if isinstance(db, Connection) else db.connection()
+
 
 _STARTUP_LOCK = 0x46454442  # PostgreSQL advisory lock key of party B's start-up ("FEDB")
 

@@ -28,6 +28,7 @@ from sqlalchemy import CursorResult, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from party_b.store.engine import Database
 from party_b.store.tables import RunLease
 
 __all__ = ["claim", "fence", "is_free", "lease_of", "release"]
@@ -60,9 +61,9 @@ def claim(session: Session, run_id: str, holder: str) -> int:
     return row.token
 
 
-def fence(session: Session, run_id: str, token: int) -> bool:
+def fence(db: Database, run_id: str, token: int) -> bool:
     """Whether ``token`` still holds the run; if so, its row stays locked until the commit."""
-    result = session.execute(
+    result = db.execute(
         update(RunLease)
         .where(RunLease.run_id == run_id, RunLease.token == token)
         .values(held_at=datetime.now(UTC))

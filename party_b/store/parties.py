@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Integer, String, bindparam, delete, func, select
+from sqlalchemy import ForeignKey, Integer, String, bindparam, delete, func, insert, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
+from party_b.store.engine import Database, connection_of
 from party_b.store.tables import Base, Run, UtcDateTime
 
 __all__ = [
@@ -89,11 +90,11 @@ def add_party_token(
         session.add(PartyGrant(token_sha256=token_sha256, expires_at=expires_at, subject=subject))
 
 
-def party_credential(session: Session, digest: str) -> Any:
+def party_credential(db: Database, digest: str) -> Any:
     """The party token whose SHA-256 is ``digest`` (hex), revoked or not, of a run that
     exists: ``token_sha256, run_id, party, revoked_at``, the run's ``owner_id`` and the
     grant's ``expires_at, subject``. One Core statement (every request looks its caller up)."""
-    return session.connection().execute(_PARTY_CREDENTIAL, {"digest": digest}).first()
+    return connection_of(db).execute(_PARTY_CREDENTIAL, {"digest": digest}).first()
 
 
 def active_party_token(session: Session, run_id: str, party: str) -> PartyToken | None:
@@ -130,15 +131,16 @@ def party_tokens(session: Session, run_id: str | None = None) -> Sequence[PartyT
 
 
 def log_party_traffic(
-    session: Session, run_id: str, step: int, rows: Sequence[tuple[str, int, int]]
+    db: Database, run_id: str, step: int, rows: Sequence[tuple[str, int, int]]
 ) -> None:
     """(party, bytes in, bytes out) of every party at ``step``, in the step's transaction."""
-    for party, bytes_in, bytes_out in rows:
-        session.add(
-            PartyTraffic(
-                run_id=run_id, step=step, party=party, bytes_in=bytes_in, bytes_out=bytes_out
-            )
-        )
+    connection_of(db).execute(
+        insert(PartyTraffic.__table__),  # type: ignore[arg-type]  # a Table, as mypy can't see
+        [
+            {"run_id": run_id, "step": step, "party": p, "bytes_in": i, "bytes_out": o}
+            for p, i, o in rows
+        ],
+    )
 
 
 def party_traffic(session: Session, run_id: str) -> dict[str, tuple[int, int, int]]:

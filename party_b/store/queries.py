@@ -13,6 +13,7 @@ from sqlalchemy import delete, func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from party_b.store.engine import Database, connection_of
 from party_b.store.parties import PartyToken, PartyTraffic
 from party_b.store.tables import (
     Checkpoint,
@@ -145,13 +146,13 @@ def run_privacy(session: Session, run_id: str) -> RunPrivacy | None:
 _INSERT_STEP = insert(StepLog.__table__)  # type: ignore[arg-type]  # a Table, as mypy can't see
 
 
-def log_step(session: Session, **row: Any) -> None:
-    """Add one step-log row (columns of ``StepLog``) in the session's transaction.
+def log_step(db: Database, **row: Any) -> None:
+    """Add one step-log row (columns of ``StepLog``) in ``db``'s transaction.
 
-    A Core insert on the session's connection: the ORM's unit of work (an object, a flush,
-    its bookkeeping) cost 2.4x the insert itself, every step (docs/PERFORMANCE.md, "The
-    floor"); column defaults (``created_at``) apply as before."""
-    session.connection().execute(_INSERT_STEP, row)
+    A Core insert: the ORM's unit of work (an object, a flush, its bookkeeping) cost 2.4x
+    the insert itself, every step (docs/PERFORMANCE.md, "The floor"); column defaults
+    (``created_at``) apply as before."""
+    connection_of(db).execute(_INSERT_STEP, row)
 
 
 def step_log(session: Session, run_id: str, start: int, limit: int) -> Sequence[StepLog]:
