@@ -29,14 +29,12 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Protocol
 
-from sqlalchemy.orm import Session
-
 from api_schemas import ProblemType
 from party_b import auth
 from party_b.errors import ProblemError
 from party_b.party_tokens import PartyScope, authenticate_party
-from party_b.store.grants import grant_with_subject, token_credential
-from party_b.store.tables import ApiToken
+from party_b.store.engine import Database
+from party_b.store.grants import certificate_credential, token_credential
 from party_b.subjects import forwarded_subject
 
 __all__ = [
@@ -239,11 +237,12 @@ def presented_subject(
     return forwarded_subject(forwarded)
 
 
-def identify(session: Session, presented: Identity, *, now: datetime | None = None) -> Caller:
+def identify(db: Database, presented: Identity, *, now: datetime | None = None) -> Caller:
     """The caller of a request, or a 401 problem naming why (``reason``: ``token``,
-    ``expired``, ``certificate``): the same rules for an API token and a party token."""
+    ``expired``, ``certificate``): the same rules for an API token and a party token.
+    ``db``: a session, or a connection (the lookups are Core statements)."""
     now = now or datetime.now(UTC)
-    found = _credential(session, presented)
+    found = _credential(db, presented)
     if found.subject is not None:
         _check_subject(found, presented.subject)
     if found.expires_at is not None and found.expires_at <= now:
@@ -263,12 +262,12 @@ def identify(session: Session, presented: Identity, *, now: datetime | None = No
     )
 
 
-def _credential(session: Session, presented: Identity) -> _Credential:
+def _credential(db: Database, presented: Identity) -> _Credential:
     """The bearer token's credential (an API token or a party token), or the certificate's
     alone (a grant ``certificate_only``); 401 for none."""
     if presented.token:
         digest = auth.hash_token(presented.token)
-        token = token_credential(session, digest)
+        token = token_credential(db, digest)
         # (the lookup is by the hash of a high-entropy secret; compare_digest keeps the final
         # check constant-time anyway)
         if (
@@ -277,7 +276,7 @@ def _credential(session: Session, presented: Identity) -> _Credential:
             and hmac.compare_digest(token.token_sha256, digest)
         ):
             return _granted(token.name, token.id, token if token.scopes is not None else None)
-        party = authenticate_party(session, presented.token)
+        party = authenticate_party(db, presented.token)
         if party is None:
             raise _refused("token", "unknown or revoked token")
         scope = party.scope
@@ -292,17 +291,14 @@ def _credential(session: Session, presented: Identity) -> _Credential:
         )
     if presented.subject is None:
         raise _refused("token", "send 'Authorization: Bearer <token>'")
-    grant = grant_with_subject(session, presented.subject)
+    grant = certificate_credential(db, presented.subject)  # (of an unrevoked token)
     if grant is None or not grant.certificate_only:
         raise _refused(
             "certificate",
             f"no token given, and the certificate {presented.subject!r} does not identify "
             "a caller on its own: send 'Authorization: Bearer <token>'",
         )
-    found = session.get(ApiToken, grant.token_id)
-    if found is None or found.revoked_at is not None:
-        raise _refused("certificate", f"the caller of {presented.subject!r} was revoked")
-    return _granted(found.name, found.id, grant)
+    return _granted(grant.name, grant.id, grant)
 
 
 def _granted(name: str, token_id: int, grant: _Grant | None) -> _Credential:

@@ -16,6 +16,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from party_b.store import parties as party_store
+from party_b.store.engine import Database
 
 __all__ = [
     "PartyCredential",
@@ -75,12 +76,12 @@ def revoke_party(session: Session, run_id: str, party: str) -> bool:
     return revoked
 
 
-def authenticate_party(session: Session, token: str) -> PartyCredential | None:
+def authenticate_party(db: Database, token: str) -> PartyCredential | None:
     """The credential of an active party token, or None (not one, or revoked, or of a
     deleted run). Its expiry and certificate are checked where every token's are
     (``party_b.access.identify``)."""
     digest = _hash(token)
-    row = party_store.party_credential(session, digest)
+    row = party_store.party_credential(db, digest)
     if row is None or not hmac.compare_digest(row.token_sha256, digest):
         return None
     if row.revoked_at is not None:

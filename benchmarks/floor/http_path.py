@@ -59,7 +59,7 @@ def build_app(layer: str, database: Path) -> Any:
     from fastapi import FastAPI, Request, Response
 
     from party_b.access import Action
-    from party_b.api.deps import allowed, in_thread
+    from party_b.api.deps import CallerLookup, allowed, in_thread
     from party_b.api.lifecycle import Lifecycle
     from party_b.api.main import install_middleware
     from party_b.api.problems import install_problem_handlers
@@ -95,6 +95,7 @@ def build_app(layer: str, database: Path) -> Any:
         with sessions() as session:
             auth.register_token(session, "benchmark", TOKEN)
         app.state.sessions = sessions
+        app.state.callers = CallerLookup(sessions)
         app.state.limiter = anyio.CapacityLimiter(8)
         install_problem_handlers(app)
     if layers >= LAYERS.index("middleware"):

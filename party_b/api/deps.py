@@ -8,6 +8,7 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 import anyio
 from fastapi import Depends, Request, Response, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api_schemas import ProblemType
@@ -26,6 +27,7 @@ from party_b.service import Caller, Service
 
 __all__ = [
     "AdmittedDep",
+    "CallerLookup",
     "CallerDep",
     "ServiceDep",
     "allowed",
@@ -54,28 +56,73 @@ async def _caller(
 ) -> Caller:
     """The caller of ``Authorization: Bearer <token>`` and, with mutual TLS, the client
     certificate; looked up on every request (so a revoked or expired token stops working at
-    once); 401 otherwise (``party_b.access.identify``).
-
-    On SQLite the lookup (reads by an index; in WAL mode a reader waits for no writer) runs on
-    the event loop: as a sync dependency it went to a worker thread and back, two thread
-    wake-ups per request that cost more than the read, milliseconds each on a loaded machine
-    (docs/PERFORMANCE.md, "The floor"). On a database across the network it still runs in a
-    worker thread, where its round trip blocks nothing else."""
+    once); 401 otherwise (``party_b.access.identify``, through the app's ``CallerLookup``)."""
     token = credentials.credentials.strip() if credentials is not None else ""
-    sessions: sessionmaker[Session] = request.app.state.sessions
-    lookup = partial(_identify, sessions, Identity(token or None, client_subject(request)))
-    return lookup() if _local(sessions) else await anyio.to_thread.run_sync(lookup)
+    lookup: CallerLookup = request.app.state.callers
+    return await lookup(Identity(token or None, client_subject(request)))
 
 
-def _identify(sessions: sessionmaker[Session], identity: Identity) -> Caller:
-    with sessions() as session:
-        return identify(session, identity)
+class CallerLookup:
+    """How the app looks a request's caller up in the database: every request, one or two
+    indexed Core reads (``access.identify``).
 
+    On SQLite (reads by an index; in WAL mode a reader waits for no writer) on the event
+    loop, on one connection kept for it: as a sync dependency it went to a worker thread
+    and back, two thread wake-ups per request that cost more than the read (docs/
+    PERFORMANCE.md, "The floor"), and a session and a pool checkout per lookup cost three
+    times the read itself ("Steps at the limit"). Each lookup ends its read transaction, so
+    the next one sees every commit since (a revocation by ``fedlite-b token revoke``, another
+    process). On a database across the network, in a worker thread with a session of its
+    own, where its round trip blocks nothing else."""
 
-def _local(sessions: sessionmaker[Session]) -> bool:
-    """Whether the sessions' database is an SQLite file (read in microseconds, no network)."""
-    bind = sessions.kw.get("bind")
-    return bind is not None and bind.dialect.name == "sqlite"
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self._sessions = sessions
+        self._engine: Engine = sessions.kw["bind"]
+        self._here = self._engine.dialect.name == "sqlite"
+        self._kept: Connection | None = None  # the event loop's connection, between lookups
+
+    async def __call__(self, identity: Identity) -> Caller:
+        if self._here:
+            return self._on_kept(identity)
+        return await anyio.to_thread.run_sync(partial(self._in_session, identity))
+
+    def _on_kept(self, identity: Identity) -> Caller:
+        # taken out while in use: a lookup from another thread (another event loop in a test)
+        # opens a connection of its own instead of sharing this one
+        connection, self._kept = self._kept, None
+        if connection is None:
+            connection = self._engine.connect()
+        try:
+            caller = identify(connection, identity)
+        except ProblemError:
+            self._put_back(connection)  # a refusal: the connection is fine
+            raise
+        except BaseException:
+            connection.invalidate()  # its state unknown: the next lookup opens another
+            raise
+        self._put_back(connection)
+        return caller
+
+    def _put_back(self, connection: Connection) -> None:
+        try:
+            connection.rollback()  # ends the read: the next lookup sees newer commits
+        except Exception:
+            connection.invalidate()
+            return
+        if self._kept is None:
+            self._kept = connection
+        else:
+            connection.close()
+
+    def _in_session(self, identity: Identity) -> Caller:
+        with self._sessions() as session:
+            return identify(session, identity)
+
+    def close(self) -> None:
+        """Close the kept connection (before the engine is disposed)."""
+        connection, self._kept = self._kept, None
+        if connection is not None:
+            connection.close()
 
 
 def client_subject(request: Request) -> str | None:

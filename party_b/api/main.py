@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from party_b import auth
+from party_b.api.deps import CallerLookup
 from party_b.api.docs_ui import install_docs
 from party_b.api.lifecycle import InFlightMiddleware, Lifecycle
 from party_b.api.middleware import BodyLimitMiddleware, MetricsMiddleware
@@ -76,6 +77,7 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     log_privacy(service.context.privacy, explicit="privacy" in settings.model_fields_set)
     service.runs.recover()  # logs, per training run, the step it resumes from
     lifecycle = Lifecycle(metrics.registry)
+    callers = CallerLookup(sessions)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -84,6 +86,7 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
         lifecycle.drain()  # already, after fedlite-b serve's SIGTERM drain (party_b.drain)
         # every live run resumes where it stopped, here or on another replica
         await anyio.to_thread.run_sync(checkpoint_live_runs, service)
+        callers.close()
         checkpoint_wal(engine)  # on SIGTERM: the .sqlite file alone then holds every row
         engine.dispose()
 
@@ -97,6 +100,7 @@ def create_app(settings: Settings, *, labels: LabelSource | None = None) -> Fast
     )
     app.state.service = service
     app.state.sessions = sessions
+    app.state.callers = callers  # who a request's token and certificate say it is
     # whose connections may name the caller's certificate (party_b.access.presented_subject)
     app.state.trusted_proxy_subject = (
         normalize_subject(settings.trusted_proxy_subject)
