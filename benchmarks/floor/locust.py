@@ -8,6 +8,13 @@ checkout's load test (``loadtests.run.run_locust``, the ``credit-fedlite`` scena
 d=32, q=8, L=16) drives it; steps/s is party B's own count of applied steps over the run
 minus its warm-up. Versions alternate, ``--pairs`` runs of each. Writes
 ``benchmarks/results/floor-locust.json``.
+
+Both versions run in this checkout's environment, so a version from before the product
+depended on uvloop and httptools gets them too: what changed in the code alone. With
+``--declared`` each version serves with the event loop and HTTP parser its own
+``pyproject.toml`` installs: one that does not declare uvloop and httptools runs without them
+(asyncio and h11, uvicorn's fallbacks, as a fresh install of it would), so the gain is the
+product's as a user installs it.
 """
 
 import argparse
@@ -26,15 +33,38 @@ from party_b.ops.launch import local_party_b
 __all__ = ["main"]
 
 
-def one_run(tree: Path, labels: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Serve from ``tree``, load it with locust for ``--run-time``; the summary's figures."""
+# uvicorn's optional speed-ups: its "auto" loop and parser pick them when they import
+SERVER_EXTRAS = ("uvloop", "httptools")
+
+
+def without_undeclared(tree: Path, shim: Path) -> list[str]:
+    """The import paths that serve ``tree`` with only the server extras its pyproject.toml
+    declares: a ``sitecustomize`` in ``shim`` makes the others unimportable (uvicorn then
+    falls back to asyncio and h11). Returns what it hid."""
+    declared = (tree / "pyproject.toml").read_text()
+    hidden = [name for name in SERVER_EXTRAS if f'"{name}' not in declared]
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "sitecustomize.py").write_text(
+        "import sys\n"
+        f"for name in {hidden!r}:\n"
+        "    sys.modules[name] = None  # not installed by this version: import fails\n"
+    )
+    return hidden
+
+
+def one_run(
+    tree: Path, labels: Path, work: Path, args: argparse.Namespace, shim: Path | None = None
+) -> dict[str, Any]:
+    """Serve from ``tree`` (with ``shim``'s sitecustomize first: ``without_undeclared``),
+    load it with locust for ``--run-time``; the summary's figures."""
     load = [os.getloadavg()[0]]
+    path = str(tree) if shim is None else f"{shim}{os.pathsep}{tree}"
     # ``tree``'s party B (PYTHONPATH and cwd), with the product's defaults: no malloc tuning
     with local_party_b(
         work / "party_b",
         labels,
         {"loadtest": TOKEN},
-        env={"PYTHONPATH": str(tree)},
+        env={"PYTHONPATH": path},
         cwd=tree,
         timeout=120,
     ) as url:
@@ -64,19 +94,30 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=12.0)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--declared",
+        action="store_true",
+        help="serve each version with the event loop and parser its pyproject.toml installs",
+    )
     args = parser.parse_args()
     runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    hidden: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="fedlite-floor-locust-") as tmp:
         trees = {
             "before": baseline_tree(args.baseline, Path(tmp) / "before"),
             "after": baseline_tree(args.candidate, Path(tmp) / "after") if args.candidate else ROOT,
         }
         labels = write_label_table(Path(tmp) / "labels.csv")
+        shims: dict[str, Path | None] = {"before": None, "after": None}
+        if args.declared:
+            for code, tree in trees.items():
+                shim = shims[code] = Path(tmp) / f"shim-{code}"
+                hidden[code] = without_undeclared(tree, shim)
         for pair in range(args.pairs):
             for code in ("before", "after") if pair % 2 == 0 else ("after", "before"):
                 work = Path(tmp) / f"{code}-{pair}"
                 work.mkdir()
-                runs[code].append(one_run(trees[code], labels, work, args))
+                runs[code].append(one_run(trees[code], labels, work, args, shims[code]))
                 print(code, pair, runs[code][-1], flush=True)
     medians = {
         code: statistics.median(r["steps_per_s"] or 0.0 for r in rs) for code, rs in runs.items()
@@ -89,6 +130,9 @@ def main() -> None:
             "scenario": args.scenario,
             "users": args.users,
             "run_time_s": args.run_time,
+            # --declared: the server extras each version ran without (its install lacks them)
+            "declared": args.declared,
+            "hidden_extras": hidden,
             "loads": [x for rs in runs.values() for r in rs for x in r["loadavg"]],
             "runs": runs,
             "median_steps_per_s": medians,
