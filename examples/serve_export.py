@@ -21,6 +21,7 @@ import argparse
 import csv
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +29,8 @@ import torch
 from shared.alignment import hmac_ids
 from shared.idtables import read_id_table
 from shared.pq.frozen import codebook_from_bytes, load_program, quantizer_of, read_manifest
+from shared.preparation import SideFeatures
+from shared.typedtables import read_typed_table
 
 
 def party_a(args: argparse.Namespace) -> None:
@@ -62,6 +65,29 @@ def party_a(args: argparse.Namespace) -> None:
     print(f"{len(keys)} rows -> {args.out}", file=sys.stderr)
 
 
+def side_features(path: Path, side: dict[str, Any]) -> tuple[list[str], np.ndarray]:
+    """Party B's table's ids and its side columns (n, width) float32, prepared as the service
+    prepared them: with the export's fitted preparation (empty cells, categories), or, in an
+    export from before it had one, the z-score of a table of numbers."""
+    preparation = side.get("preparation")
+    if preparation is None:
+        table = read_id_table(path, id_column=side["id_column"], columns=side["columns"])
+        x = table.matrix(side["columns"])
+        x = (x - np.asarray(side["mean"], np.float32)) / np.asarray(side["scale"], np.float32)
+        return table.ids, x.astype(np.float32)
+    prepared = SideFeatures.from_json(preparation)
+    typed = read_typed_table(
+        path,
+        id_column=side["id_column"],
+        columns=side["columns"],
+        as_text=[v.name for v in prepared.categorical],
+        as_number=prepared.numeric.columns,
+    )
+    where = {c: j for j, c in enumerate(typed.numeric_names)}
+    numbers = typed.numeric[:, [where[c] for c in prepared.numeric.columns]]
+    return typed.ids, prepared.apply(numbers, typed.text)
+
+
 def party_b(args: argparse.Namespace) -> None:
     manifest = read_manifest(args.export, "B")
     data = np.load(args.activations, allow_pickle=False)
@@ -78,15 +104,13 @@ def party_b(args: argparse.Namespace) -> None:
     if side is not None:
         if args.table is None:
             raise ValueError("this model reads party B's feature columns: give --table")
-        table = read_id_table(args.table, id_column=side["id_column"], columns=side["columns"])
-        hashed = hmac_ids(bytes.fromhex(manifest["alignment_key"]), table.ids)
+        ids, x = side_features(args.table, side)
+        hashed = hmac_ids(bytes.fromhex(manifest["alignment_key"]), ids)
         row_of = {k: row for row, k in enumerate(hashed)}
         missing = sum(k not in row_of for k in keys)
         if missing:
             raise ValueError(f"{missing} ids are not in {args.table}")
-        x = table.matrix(side["columns"])[[row_of[k] for k in keys]]
-        x = (x - np.asarray(side["mean"], np.float32)) / np.asarray(side["scale"], np.float32)
-        inputs.append(torch.from_numpy(x.astype(np.float32)))
+        inputs.append(torch.from_numpy(x[[row_of[k] for k in keys]]))
     logits = load_program(args.export, "top.pt2")(*inputs)
     scores = torch.sigmoid(logits) if manifest["output"] == "sigmoid" else logits.softmax(1)
     with open(args.out, "w", newline="") as out:

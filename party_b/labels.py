@@ -20,8 +20,8 @@ from shared.preparation import (
     ColumnSummary,
     NumericFit,
     PreparationSettings,
+    SideFeatures,
     Vocabulary,
-    one_hot,
     summary_lines,
 )
 from shared.typedtables import TextColumn, TypedTable, read_typed_table
@@ -249,19 +249,13 @@ def _prepare_side(
     where = {c: j for j, c in enumerate(table.numeric_names)}
     x = table.numeric[:, [where[c] for c in numbers]] if numbers else table.numeric[:, :0]
     numeric = NumericFit.fit(x, labeled, numbers, standardize=True)
-    vocabularies = [
+    vocabularies = tuple(
         Vocabulary.fit(c, table.text[c], labeled, settings or PreparationSettings())
         for c in names
         if c in table.text
-    ]
-    widths = [numeric.width, *(v.size for v in vocabularies)]
-    features = np.empty((len(table.ids), sum(widths)), dtype=np.float32)
-    numeric.apply_into(x, features)
-    at = numeric.width
-    for vocabulary in vocabularies:
-        codes, _outside, _empty = vocabulary.encode(table.text[vocabulary.name])
-        features[:, at : at + vocabulary.size] = one_hot(codes, vocabulary.size)
-        at += vocabulary.size
+    )
+    prepared = SideFeatures(numeric, vocabularies)
+    features = prepared.apply(x, table.text)
     plain = not vocabularies and not numeric.indicators
     summary = summary_lines(
         [
@@ -282,7 +276,7 @@ def _prepare_side(
         features=features,
         mean=numeric.mean if plain else None,
         scale=numeric.scale if plain else None,
-        preparation=numeric.to_json() | {"categorical": [v.to_json() for v in vocabularies]},
+        preparation=prepared.to_json(),
         summary=summary,
     )
 

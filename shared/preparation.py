@@ -19,7 +19,7 @@ Nothing here leaves its party: party A's preparation stays in its state and its 
 party B's in its process.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -32,6 +32,7 @@ __all__ = [
     "ColumnSummary",
     "NumericFit",
     "PreparationSettings",
+    "SideFeatures",
     "Vocabulary",
     "one_hot",
     "summary_lines",
@@ -287,6 +288,50 @@ def one_hot(codes: np.ndarray, size: int) -> np.ndarray:
     rows = np.flatnonzero(codes > 0)
     out[rows, codes[rows] - 1] = 1.0
     return out
+
+
+@dataclass(frozen=True)
+class SideFeatures:
+    """Party B's side columns as its top model reads them: the numbers (``numeric``, z-scored),
+    then each categorical column one-hot over its buckets (a dense matrix: the top model has
+    no embeddings). Party B's label table is prepared with it at start-up
+    (``party_b.labels``) and ``fedlite-b export`` writes its JSON, so that scoring from the
+    export prepares a table exactly as the service did."""
+
+    numeric: NumericFit
+    categorical: tuple[Vocabulary, ...] = ()
+
+    @property
+    def width(self) -> int:
+        return self.numeric.width + sum(v.size for v in self.categorical)
+
+    def apply(self, numbers: np.ndarray, text: Mapping[str, TextColumn]) -> np.ndarray:
+        """(n, width) float32 from the table's number columns ``numbers`` ((n, k), NaN =
+        empty, in ``numeric.columns`` order) and its text columns by name."""
+        features = np.empty((len(numbers), self.width), dtype=np.float32)
+        self.numeric.apply_into(numbers, features)
+        at = self.numeric.width
+        for vocabulary in self.categorical:
+            column = text.get(vocabulary.name)
+            if column is None:
+                raise TableError(
+                    f"column {vocabulary.name!r} was categorical when the run was trained, "
+                    "but the table holds it as numbers"
+                )
+            codes, _outside, _empty = vocabulary.encode(column)
+            features[:, at : at + vocabulary.size] = one_hot(codes, vocabulary.size)
+            at += vocabulary.size
+        return features
+
+    def to_json(self) -> dict[str, Any]:
+        return self.numeric.to_json() | {"categorical": [v.to_json() for v in self.categorical]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "SideFeatures":
+        return cls(
+            numeric=NumericFit.from_json(data),
+            categorical=tuple(Vocabulary.from_json(v) for v in data.get("categorical") or []),
+        )
 
 
 # ---------------------------------------------------------------------------------------------

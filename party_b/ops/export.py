@@ -73,12 +73,21 @@ def export_run(settings: Settings, labels: LabelSource, run_id: str, out: Path) 
 
 
 def _side(settings: Settings, table: LabelTable | None) -> dict[str, Any]:
-    """How party B's own feature columns are read and z-scored for this model."""
-    if table is None or table.feature_mean is None:
-        raise MaintenanceError("this run uses side features from a label source, not a table")
+    """How party B's own feature columns are read and prepared for this model: the fitted
+    preparation (``shared.preparation.SideFeatures``: medians, indicators, z-scores, one-hot
+    categories), and for a table of numbers without empty cells its z-score alone, as
+    exports written before categories had it."""
+    if table is None:
+        raise MaintenanceError(
+            "this run's side features come from a label source in code (--label-source), "
+            "not a table: fedlite-b export cannot say how to read them"
+        )
+    if table.side_preparation is None and table.feature_mean is None:
+        raise MaintenanceError("the label table carries no fitted preparation of its columns")
     return {
         "id_column": settings.id_column,
         "columns": table.feature_names,
+        "preparation": table.side_preparation,
         "mean": table.feature_mean,
         "scale": table.feature_scale,
     }
