@@ -9,7 +9,7 @@ from typing import Any
 
 from api_schemas.problems import PROBLEMS, ProblemType
 
-__all__ = ["ProblemError", "StartupError"]
+__all__ = ["MaintenanceError", "ProblemError", "StartupError"]
 
 
 class ProblemError(Exception):
@@ -69,3 +69,7 @@ class ProblemError(Exception):
 
 class StartupError(Exception):
     """party B cannot start as configured; the message says which file and what to do."""
+
+
+class MaintenanceError(Exception):
+    """An operator's request that cannot be carried out; the message says why and what to do."""

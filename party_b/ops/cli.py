@@ -31,13 +31,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from party_b import store
-from party_b.errors import StartupError
-from party_b.ops import admin
-from party_b.ops.maintenance import MaintenanceError, create_private_database
+from party_b.errors import MaintenanceError, StartupError
 from party_b.settings import settings_from_flags
-from party_b.store import make_engine, make_session_factory, sole
-from party_b.store.engine import one_at_a_time
+
+# The database and admin modules (SQLAlchemy: ~0.3 s to import) load in the commands that use
+# them: ``fedlite-b health``, a container's and Kubernetes' probe every few seconds, needs none
 
 __all__ = ["build_parser", "main"]
 
@@ -47,7 +45,9 @@ __all__ = ["build_parser", "main"]
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from party_b.ops import logs
+    from party_b.ops.maintenance import create_private_database
     from party_b.ops.preflight import check_files
+    from party_b.store import sole
 
     settings = settings_from_flags(args)
     check_files(settings)  # before the slow imports: a wrong file is reported at once
@@ -121,9 +121,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _check_tokens(settings: Any, log: logging.Logger) -> None:
     """StartupError unless some API token is active (nobody could use party B)."""
-    engine = make_engine(settings.resolved_database_url())
+    from party_b import store
+
+    engine = store.make_engine(settings.resolved_database_url())
     try:
-        with make_session_factory(engine)() as session:
+        with store.make_session_factory(engine)() as session:
             active = store.active_tokens(session)
     finally:
         engine.dispose()  # an idle connection left open would keep the WAL from folding in
@@ -139,9 +141,12 @@ def _check_tokens(settings: Any, log: logging.Logger) -> None:
 def _record_served(settings: Any) -> None:
     """Record in the database the privacy policy this party B gives new runs, for the runs
     ``fedlite-b parties create`` makes without ``--privacy`` (``party_b.store.served``)."""
-    engine = make_engine(settings.resolved_database_url())
+    from party_b import store
+    from party_b.store.engine import one_at_a_time
+
+    engine = store.make_engine(settings.resolved_database_url())
     try:
-        with one_at_a_time(engine), make_session_factory(engine)() as session:
+        with one_at_a_time(engine), store.make_session_factory(engine)() as session:
             store.record_served(
                 session, store.SERVED_PRIVACY, settings.privacy_policy().to_stored()
             )
@@ -331,6 +336,8 @@ def _serve_parser(sub: Any) -> None:
 
 
 def _token_parser(sub: Any) -> None:
+    from party_b.ops import admin
+
     token = _add(sub, "token", help="issue, revoke and list API tokens")
     token_sub = token.add_subparsers(dest="token_command", required=True)
     issue = _add(token_sub, "issue", help="create a token and print it once")
@@ -395,6 +402,8 @@ def _token_parser(sub: Any) -> None:
 
 
 def _db_parser(sub: Any) -> None:
+    from party_b.ops import admin
+
     db = _add(sub, "db", help="database maintenance")
     db_sub = db.add_subparsers(dest="db_command", required=True)
     copy = _add(
@@ -441,32 +450,7 @@ def _runs_parser(sub: Any) -> None:
     delete.set_defaults(func=runs_admin.cmd_runs_delete)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fedlite-b",
-        description="FedLite-VFL party B: the label holder's service. Every flag can also be "
-        "set as an environment variable FEDLITE_B_<FLAG> (e.g. FEDLITE_B_PORT=8000); an "
-        "unknown FEDLITE_B_* variable is an error.",
-        epilog="Exit codes: 0 done; 1 the request failed; 2 a configuration or start-up error.",
-    )
-    _global_flags(parser, top=True)
-    sub = parser.add_subparsers(dest="command", required=True)
-    _serve_parser(sub)
-
-    demo = _add(
-        sub, "demo-data", help="write party B's half of the bundled breast-cancer demo data"
-    )
-    demo.add_argument("--out", type=Path, default=Path("party_b_labels.csv"))
-    demo.add_argument(
-        "--overlap",
-        type=float,
-        default=1.0,
-        help="fraction of the ids both parties hold (give both parties the same value)",
-    )
-    demo.add_argument("--seed", type=int, default=0, help="which ids are not shared")
-    demo.set_defaults(func=_cmd_demo_data)
-
-    _token_parser(sub)
+def _health_parser(sub: Any) -> None:
     health = _add(
         sub, "health", help="exit 0 if the server on this machine answers /healthz (port from env)"
     )
@@ -489,6 +473,40 @@ def build_parser() -> argparse.ArgumentParser:
         help="ask /readyz (started, not draining, database answering) instead of /healthz",
     )
     health.set_defaults(func=_cmd_health)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line; ``only="health"``: the main parser with that subcommand alone, which
+    imports nothing of the database (``main`` builds it when the subcommand is health)."""
+    parser = argparse.ArgumentParser(
+        prog="fedlite-b",
+        description="FedLite-VFL party B: the label holder's service. Every flag can also be "
+        "set as an environment variable FEDLITE_B_<FLAG> (e.g. FEDLITE_B_PORT=8000); an "
+        "unknown FEDLITE_B_* variable is an error.",
+        epilog="Exit codes: 0 done; 1 the request failed; 2 a configuration or start-up error.",
+    )
+    _global_flags(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True)
+    if only == "health":
+        _health_parser(sub)
+        return parser
+    _serve_parser(sub)
+
+    demo = _add(
+        sub, "demo-data", help="write party B's half of the bundled breast-cancer demo data"
+    )
+    demo.add_argument("--out", type=Path, default=Path("party_b_labels.csv"))
+    demo.add_argument(
+        "--overlap",
+        type=float,
+        default=1.0,
+        help="fraction of the ids both parties hold (give both parties the same value)",
+    )
+    demo.add_argument("--seed", type=int, default=0, help="which ids are not shared")
+    demo.set_defaults(func=_cmd_demo_data)
+
+    _token_parser(sub)
+    _health_parser(sub)
     _db_parser(sub)
     _runs_parser(sub)
     from party_b.ops.audit_admin import add_audit_parser
@@ -523,8 +541,21 @@ def _one_line(exc: ValidationError) -> str:
     return "invalid configuration: " + "; ".join(parts)
 
 
+def _subcommand(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names (its first word past the global flags), if any."""
+    words = iter(argv)
+    for word in words:
+        if word == "--log-format":
+            next(words, None)  # its value
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    only = "health" if _subcommand(argv) == "health" else None
+    args = build_parser(only).parse_args(argv)
     command = " ".join(
         c
         for c in (

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from sqlalchemy import make_url
 
+from party_b.errors import MaintenanceError  # (defined there: the CLI reads it without SQLAlchemy)
+
 __all__ = [
     "MaintenanceError",
     "backup_database",
@@ -30,10 +32,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("fedlite.party_b")
-
-
-class MaintenanceError(Exception):
-    """An operator's request that cannot be carried out; the message says why and what to do."""
 
 
 def sqlite_path(url: str) -> Path | None:
