@@ -374,6 +374,26 @@ def render() -> str:
             "floor-locust-step-path",
             floor_locust_table,
         ),
+        (
+            "The per-step floor, the lean step path against f05532c (issue 36, second round)",
+            "floor-lean-path",
+            floor_table,
+        ),
+        (
+            "Where a step's time goes, the lean step path (issue 36, second round)",
+            "floor-lean-path",
+            floor_breakdown_table,
+        ),
+        (
+            "Small steps under locust against f352584, each version as it installs (issue 36)",
+            "floor-locust-declared",
+            floor_locust_table,
+        ),
+        (
+            "Small steps under locust against f352584, both on uvloop (issue 36, second round)",
+            "floor-locust-lean-path",
+            floor_locust_table,
+        ),
         ("Party B's HTTP path, layer by layer (issue 36)", "http_path", http_path_table),
         ("Quantizer, all libraries on one thread", "quantizer-1thread", quantizer_table),
         ("Quantizer, default threads", "quantizer", quantizer_table),

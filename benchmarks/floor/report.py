@@ -114,6 +114,17 @@ def floor_locust_table(doc: dict[str, Any]) -> list[str]:
         "| version | party B steps/s, each run | median | step p50 ms | step p99 ms | failures |",
         "|---|---|---|---|---|---|",
     ]
+    if doc.get("declared"):
+        hidden = doc.get("hidden_extras") or {}
+        served = {
+            code: "without " + " and ".join(names) if names else "with uvloop and httptools"
+            for code, names in hidden.items()
+        }
+        lines[0:0] = [
+            "Each version served with what its own pyproject.toml installs: before "
+            f"{served.get('before', '?')}, after {served.get('after', '?')}.",
+            "",
+        ]
     for code in ("before", "after"):
         runs = doc["runs"].get(code, [])
         if not runs:
