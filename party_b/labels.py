@@ -166,11 +166,16 @@ def load_label_table(
     feature_columns: list[str] | None,
     group_column: str | None = None,
     settings: PreparationSettings | None = None,
+    categorical: Sequence[str] = (),
+    numeric: Sequence[str] = (),
 ) -> LabelTable:
     """Read party B's table. ``feature_columns=None`` takes every column but id, label and
     the client column ``group_column`` (needed only by the 'clients' batch schedule). Labels
     are read as text (``"good"``/``"bad"``, several classes, or numbers); a row with an empty
-    label is kept to be served, never trained on, and counted."""
+    label is kept to be served, never trained on, and counted. A feature column is typed by
+    what it holds (any word: categories), unless declared: ``categorical`` ones are categories
+    whatever they hold (integer codes), ``numeric`` ones numbers (a word in one is an error
+    naming its row)."""
     header = _check_header(path, id_column, label_column, feature_columns, group_column)
     names = (
         [c for c in header if c not in (id_column, label_column, group_column)]
@@ -179,14 +184,22 @@ def load_label_table(
     )
     if label_column in names or (group_column is not None and group_column in names):
         raise TableError("the label and client columns cannot also be feature columns")
+    _check_declared(names, categorical, numeric)
     texts = [label_column, *([group_column] if group_column else [])]
-    table = read_typed_table(path, id_column=id_column, columns=[*texts, *names], as_text=texts)
+    table = read_typed_table(
+        path,
+        id_column=id_column,
+        columns=[*texts, *names],
+        as_text=[*texts, *categorical],
+        as_number=numeric,
+    )
     labels, classes = _classes(path, label_column, table.text[label_column])
     groups = None
     if group_column is not None:
         column = table.text[group_column]
         groups = [column.values[c] if c >= 0 else "" for c in column.codes.tolist()]
-    side = _prepare_side(table, names, np.flatnonzero(labels >= 0), settings)
+    declared = frozenset(categorical) | frozenset(numeric)
+    side = _prepare_side(table, names, np.flatnonzero(labels >= 0), settings, declared)
     result = LabelTable(
         row_ids=table.ids,
         labels=labels,
@@ -240,17 +253,38 @@ class _Side:
     summary: tuple[str, list[str]]
 
 
+def _check_declared(names: list[str], categorical: Sequence[str], numeric: Sequence[str]) -> None:
+    """TableError for a declared column that is not a feature column, or declared twice."""
+    both = sorted(set(categorical) & set(numeric))
+    if both:
+        raise TableError(f"columns {both} are declared both categorical and numeric")
+    for flag, columns in (("categorical", categorical), ("numeric", numeric)):
+        unknown = [c for c in columns if c not in names]
+        if unknown:
+            raise TableError(
+                f"--{flag} (FEDLITE_B_{flag.upper()}) names {unknown}, which are not party B's "
+                f"feature columns ({', '.join(names) or 'none'})"
+            )
+
+
 def _prepare_side(
-    table: TypedTable, names: list[str], labeled: np.ndarray, settings: PreparationSettings | None
+    table: TypedTable,
+    names: list[str],
+    labeled: np.ndarray,
+    settings: PreparationSettings | None,
+    declared: frozenset[str] = frozenset(),
 ) -> _Side:
     """Party B's side columns prepared with statistics of the labeled rows (the arithmetic
-    of releases that knew numbers only, for a table of numbers without missing values)."""
+    of releases that knew numbers only, for a table of numbers without missing values);
+    ``declared``: the columns the operator typed (the rest were typed by what they hold)."""
     numbers = [c for c in names if c not in table.text]
     where = {c: j for j, c in enumerate(table.numeric_names)}
     x = table.numeric[:, [where[c] for c in numbers]] if numbers else table.numeric[:, :0]
     numeric = NumericFit.fit(x, labeled, numbers, standardize=True)
     vocabularies = tuple(
-        Vocabulary.fit(c, table.text[c], labeled, settings or PreparationSettings())
+        Vocabulary.fit(
+            c, table.text[c], labeled, settings or PreparationSettings(), declared=c in declared
+        )
         for c in names
         if c in table.text
     )
@@ -263,7 +297,7 @@ def _prepare_side(
                 name=c,
                 kind="categorical" if c in table.text else "numeric",
                 held=table.held[c],
-                declared=False,
+                declared=c in declared,
                 distinct=len(table.text[c].values) if c in table.text else None,
                 missing=table.text[c].missing()
                 if c in table.text

@@ -83,6 +83,21 @@ class Settings(BaseSettings):
     group_column: str | None = Field(
         default=None, description="the client of each row (the 'clients' batch schedule)"
     )
+    # how the feature columns are typed and prepared (shared.preparation, as party A's [data])
+    categorical: list[str] = Field(
+        default_factory=list,
+        description="feature columns that are categories whatever they hold (integer codes)",
+    )
+    numeric: list[str] = Field(
+        default_factory=list,
+        description="feature columns that are numbers (a word in one is an error naming its row)",
+    )
+    max_categories: int = Field(
+        default=1000, ge=1, description="values a categorical column keeps, the most frequent"
+    )
+    min_frequency: int = Field(
+        default=5, ge=1, description='a value in fewer labelled rows joins the "other" bucket'
+    )
     label_source: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
@@ -275,8 +290,8 @@ def check_environment(environ: Mapping[str, str]) -> None:
 
 _FLAG_FIELDS = (
     "host", "port", "data_dir", "database_url", "labels", "id_column", "label_column",
-    "group_column", "label_source", "tokens", "tokens_file", "ssl_certfile", "ssl_keyfile",
-    "ssl_ca_certs",
+    "group_column", "max_categories", "min_frequency", "label_source", "tokens",
+    "tokens_file", "ssl_certfile", "ssl_keyfile", "ssl_ca_certs",
     "trusted_proxy_subject", "log_level", "log_format", "access_log", "torch_threads",
     "worker_threads", "privacy", "device", "max_live_runs", "max_live_bytes", "replica_id",
 )  # fmt: skip
@@ -292,6 +307,8 @@ def settings_from_flags(args: argparse.Namespace) -> Settings:
             overrides[field] = value
     if getattr(args, "verbose", False):
         overrides["log_level"] = "debug"
-    if getattr(args, "feature_columns", None) is not None:
-        overrides["feature_columns"] = [c for c in args.feature_columns.split(",") if c]
+    for listed in ("feature_columns", "categorical", "numeric"):  # comma-separated
+        value = getattr(args, listed, None)
+        if value is not None:
+            overrides[listed] = [c.strip() for c in value.split(",") if c.strip()]
     return Settings(**overrides)

@@ -39,6 +39,7 @@ from party_b.store import make_engine, make_session_factory
 from party_b.store.engine import checkpoint_wal, one_at_a_time
 from party_b.subjects import normalize_subject
 from party_b.token_file import read_token_file, register_file_tokens
+from shared.preparation import PreparationSettings
 
 __all__ = ["create_app"]
 
@@ -198,6 +199,9 @@ def load_labels(settings: Settings) -> LabelSource:
         label_column=settings.label_column,
         feature_columns=settings.feature_columns,
         group_column=settings.group_column,
+        settings=PreparationSettings(settings.max_categories, settings.min_frequency),
+        categorical=settings.categorical,
+        numeric=settings.numeric,
     )
 
 

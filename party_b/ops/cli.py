@@ -257,6 +257,24 @@ def _label_flags(parser: argparse.ArgumentParser) -> None:
         "--feature-columns", help="comma-separated feature columns (default: all others)"
     )
     parser.add_argument("--group-column", help="client column (the 'clients' batch schedule)")
+    for flag, what in (
+        ("categorical", "categories whatever they hold (e.g. integer codes)"),
+        ("numeric", "numbers (a word in one is an error naming its row)"),
+    ):
+        parser.add_argument(
+            f"--{flag}",
+            metavar="COLUMNS",
+            help=f"comma-separated feature columns that are {what}; the others are typed by "
+            "what they hold",
+        )
+    parser.add_argument(
+        "--max-categories", type=int, help="values a categorical column keeps (default 1000)"
+    )
+    parser.add_argument(
+        "--min-frequency",
+        type=int,
+        help='a value in fewer labelled rows joins the "other" bucket (default 5)',
+    )
     parser.add_argument(
         "--label-source", help="'module:factory' returning a LabelSource, instead of --labels"
     )

@@ -1,21 +1,28 @@
 """Party B's table as it comes (party_b.labels): string labels, empty labels, and side columns
-prepared as party A's are.
+prepared as party A's are, typed as the operator declares.
 
 * labels are text: "good"/"bad" become classes in a stated order, the positive class (score_1,
   what AUC ranks) is logged at load with the rows that have no label (served, never trained);
 * side columns of numbers without empty cells get the very bits they always had;
 * an empty side cell gets the labeled rows' median and an indicator column, a text column a
-  one-hot of its vocabulary; rows without a label take no part in any statistic.
+  one-hot of its vocabulary; rows without a label take no part in any statistic;
+* the operator types columns as party A's config does (``--categorical``, ``--numeric``,
+  ``--max-categories``, ``--min-frequency``; FEDLITE_B_*): integer codes become categories, a
+  word in a numeric column is an error naming its row.
 """
 
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from party_b.api.main import load_labels
 from party_b.labels import load_label_table
+from party_b.ops.cli import build_parser
+from party_b.settings import settings_from_flags
 from shared.idtables import TableError
 from shared.preparation import PreparationSettings
 
@@ -111,3 +118,99 @@ def test_side_columns_with_categories_and_empty_cells_are_prepared(tmp_path: Pat
     filled = np.array([1, 5, 3, 5, 7, 9], np.float32)  # the labeled rows after filling
     z = (np.float32(1000.0) - filled.mean()) / filled.std()
     assert table.features[6, 0] == pytest.approx(z)
+
+
+# ------------------------------------------------------------------ the operator's typing
+
+
+def _branches(tmp_path: Path) -> Path:
+    """A table whose "branch" holds integer codes (categories a bank numbers) and whose
+    "income" holds numbers."""
+    frame = pd.DataFrame(
+        {
+            "id": [f"u{i}" for i in range(12)],
+            "y": [0, 1] * 6,
+            "branch": [101, 102, 103, 101, 102, 103, 101, 102, 103, 101, 102, 104],
+            "income": np.linspace(10.0, 40.0, 12),
+        }
+    )
+    return _write(tmp_path, frame)
+
+
+def test_integer_codes_declared_categorical_are_one_hot_buckets(tmp_path: Path) -> None:
+    path = _branches(tmp_path)
+    inferred = load_label_table(path, id_column="id", label_column="y", feature_columns=None)
+    declared = load_label_table(
+        path, id_column="id", label_column="y", feature_columns=None, categorical=["branch"],
+        settings=PreparationSettings(min_frequency=2),
+    )  # fmt: skip
+
+    assert inferred.side_width == 2  # branch as a number, z-scored like income
+    # 101, 102, 103 seen at least twice each; 104 once: the "other" bucket
+    preparation = declared.side_preparation
+    assert preparation is not None
+    (branch,) = preparation["categorical"]
+    assert branch == {
+        "name": "branch", "values": ["101", "102", "103"], "other": True, "missing": False,
+        "declared": True,
+    }  # fmt: skip
+    assert declared.side_width == 1 + 4  # income, then branch one-hot over 4 buckets
+    assert declared.features[:, 1:].sum(axis=1).tolist() == [1.0] * 12
+    assert declared.features[11, 1:].tolist() == [0.0, 0.0, 0.0, 1.0]  # 104: "other"
+    np.testing.assert_array_equal(declared.features[:, 0], inferred.features[:, 1])
+
+
+def test_a_word_in_a_column_declared_numeric_is_an_error_naming_its_row(tmp_path: Path) -> None:
+    frame = pd.DataFrame({"id": ["a", "b", "c"], "y": [0, 1, 0], "income": ["1.5", "unknown", "3"]})
+    path = _write(tmp_path, frame)
+    typed = load_label_table(path, id_column="id", label_column="y", feature_columns=None)
+    assert typed.side_preparation is not None and typed.side_preparation["categorical"]
+
+    with pytest.raises(TableError, match="income") as refused:
+        load_label_table(
+            path, id_column="id", label_column="y", feature_columns=None, numeric=["income"]
+        )
+    assert "unknown" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("declared", "message"),
+    [
+        (
+            {"categorical": ["branchh"]},
+            "--categorical (FEDLITE_B_CATEGORICAL) names ['branchh'], which are not",
+        ),
+        ({"numeric": ["y"]}, "(FEDLITE_B_NUMERIC) names ['y'], which are not party B's feature"),
+        (
+            {"categorical": ["branch"], "numeric": ["branch"]},
+            "columns ['branch'] are declared both categorical and numeric",
+        ),
+    ],
+)
+def test_a_declaration_of_no_feature_column_or_of_both_types_is_refused(
+    tmp_path: Path, declared: dict[str, list[str]], message: str
+) -> None:
+    with pytest.raises(TableError, match=re.escape(message)):
+        load_label_table(
+            _branches(tmp_path), id_column="id", label_column="y", feature_columns=None,
+            **declared,
+        )  # fmt: skip
+
+
+def test_serve_flags_and_variables_type_the_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fedlite-b serve --categorical branch`` (or FEDLITE_B_CATEGORICAL) reaches the table
+    party B loads, and so does ``fedlite-b export``'s (which must prepare it the same way)."""
+    path = _branches(tmp_path)
+    for command in ("serve", "export"):
+        words = [command, "--labels", str(path), "--categorical", "branch", "--min-frequency", "2"]
+        words += ["--run", "r", "--out", str(tmp_path / "x")] if command == "export" else []
+        settings = settings_from_flags(build_parser().parse_args(words))
+        table = load_labels(settings)
+        assert table.side_width == 5, command  # type: ignore[attr-defined]
+    monkeypatch.setenv("FEDLITE_B_CATEGORICAL", '["branch"]')
+    monkeypatch.setenv("FEDLITE_B_MIN_FREQUENCY", "2")
+    settings = settings_from_flags(build_parser().parse_args(["serve", "--labels", str(path)]))
+    assert settings.categorical == ["branch"]
+    assert load_labels(settings).side_width == 5  # type: ignore[attr-defined]
