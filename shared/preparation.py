@@ -16,7 +16,7 @@ A's bottom-model inputs (``party_a.preparation``) and party B's side features
   one-hot row, a zero embedding (``shared.models.tabular``).
 
 Nothing here leaves its party: party A's preparation stays in its state and its export,
-party B's in its process.
+party B's in its process and its export (``SideFeatures``).
 """
 
 from collections.abc import Mapping, Sequence

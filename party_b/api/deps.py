@@ -27,8 +27,8 @@ from party_b.service import Caller, Service
 
 __all__ = [
     "AdmittedDep",
-    "CallerLookup",
     "CallerDep",
+    "CallerLookup",
     "ServiceDep",
     "allowed",
     "audited",

@@ -82,7 +82,7 @@ def save_checkpoint(
     interval checkpoints party A rolls back to, which it keeps at the same steps.
     The caller commits; all of it lands in one transaction.
     """
-    # Core statements on the session's connection: ``session.merge`` first loaded the row
+    # Core statements on the transaction's connection: ``session.merge`` first loaded the row
     # through the ORM, whose loader set-up alone took 17 ms a checkpoint (docs/PERFORMANCE.md)
     connection = connection_of(db)
     connection.execute(_DELETE_ONE, {"run_id": run_id, "step": step})
