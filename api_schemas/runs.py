@@ -361,6 +361,13 @@ class RunOut(BaseModel):
     alignment_key: str = Field(description="hex HMAC key for hashing sample ids (this run only)")
     alignment: AlignmentInfo | None = None
     num_classes: int
+    classes: list[str] | None = Field(
+        default=None,
+        description="the label table's classes as text, in score order: score_i (a predict "
+        "answer's column i) is the probability of classes[i], and with two classes classes[1] "
+        "is the positive class AUC ranks; null where party B's labels are not a table of "
+        "named classes (or from a party B older than it)",
+    )
     side_features: int = Field(description="party B feature columns the top model uses")
     model_sha256: str | None = Field(
         default=None,

@@ -158,6 +158,13 @@ class LabelTable:
         return torch.from_numpy(self.features[rows])
 
 
+def class_names(labels: LabelSource, num_classes: int) -> list[str] | None:
+    """The classes of a run on ``labels`` as text, in score order; None for a label source
+    that names none (images, tags, next tokens) or has another number of them."""
+    classes = labels.classes if isinstance(labels, LabelTable) else None
+    return list(classes) if classes is not None and len(classes) == num_classes else None
+
+
 def load_label_table(
     path: Path,
     *,

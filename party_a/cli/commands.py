@@ -280,7 +280,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from party_a import inference
-    from party_a.cli.scores import ids_digest, open_sink, progress
+    from party_a.cli.scores import columns_line, ids_digest, open_sink, progress
 
     listed = _listed_ids(args)
     with session_from_args(args, create=False, serving=True) as (trainer, _remote):
@@ -288,6 +288,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         ids = listed if listed is not None else _held_ids(trainer.features.ids, common)
         view = trainer.view()
         bounds = inference.request_bounds(view, args.chunk_size, ask=True)
+        columns = columns_line(view.transport.get_run(view.local.remote_id).classes)
+        if columns is not None:  # which probability each column is: party B's classes
+            phase("scores: %s", columns)
         job = {
             "server": trainer.server,
             "run": view.local.remote_id,

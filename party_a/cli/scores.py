@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["ScoreSink", "ids_digest", "open_sink", "progress"]
+__all__ = ["ScoreSink", "columns_line", "ids_digest", "open_sink", "progress"]
 
 
 def ids_digest(ids: Sequence[str]) -> str:
@@ -37,6 +37,16 @@ def ids_digest(ids: Sequence[str]) -> str:
         digest.update(i.encode())
         digest.update(b"\n")
     return digest.hexdigest()
+
+
+def columns_line(classes: Sequence[str] | None) -> str | None:
+    """What each score column is, from party B's classes in score order (``RunOut.classes``):
+    ``score_0 = 'bad', score_1 = 'good' (positive class: 'good')``; None where party B names
+    none."""
+    if not classes:
+        return None
+    named = ", ".join(f"score_{i} = {c!r}" for i, c in enumerate(classes))
+    return f"{named} (positive class: {classes[1]!r})" if len(classes) == 2 else named
 
 
 class ScoreSink:

@@ -110,12 +110,12 @@ class Runs:
                     raise
                 return earlier
             audit.record(self._ctx.sessions, caller, "create-run", run.id, name=spec.name)
-            return run_out(session, run, None)
+            return run_out(session, run, None, self._ctx.labels)
 
     def list_runs(self, caller: Caller) -> list[RunOut]:
         with self._ctx.sessions() as session:
             runs = store.runs_of(session, caller.token_id)
-            return [run_out(session, run, self._current(run.id)) for run in runs]
+            return [run_out(session, run, self._current(run.id), self._ctx.labels) for run in runs]
 
     def _current(self, run_id: str) -> RunState | None:
         """The run's copy in memory, unless another replica has taken the run over since."""
@@ -127,17 +127,17 @@ class Runs:
         with self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
             if run.status == RunStatus.CREATED.value:
-                return run_out(session, run, None)
+                return run_out(session, run, None, self._ctx.labels)
         # a read takes no lease (it never loads the run): this replica's copy if it holds
         # the run, else the newest checkpoint (party_b.service.cache.current_copy)
         state = self._ctx.cache.current_copy(caller, run_id)
         if state is None:
             with self._ctx.sessions() as session:
-                out = run_out(session, owned_row(session, caller, run_id), None)
+                out = run_out(session, owned_row(session, caller, run_id), None, self._ctx.labels)
                 out.model_sha256 = stored_model_sha256(session, run_id, out.step)
                 return out
         with state.lock, self._ctx.sessions() as session:  # step and checksum of one moment
-            out = run_out(session, owned_row(session, caller, run_id), state)
+            out = run_out(session, owned_row(session, caller, run_id), state, self._ctx.labels)
             out.model_sha256 = state_sha256(state.trainer.model.state_dict())
             return out
 
@@ -148,7 +148,7 @@ class Runs:
         with self._ctx.sessions() as session:
             run = owned_row(session, caller, run_id)
             if run.status == RunStatus.FINISHED.value:
-                return run_out(session, run, self._ctx.cache.peek(run_id))
+                return run_out(session, run, self._ctx.cache.peek(run_id), self._ctx.labels)
             if run.status != RunStatus.TRAINING.value:
                 raise ProblemError.run_state(f"run is {run.status}; align and train it first")
         state = self._ctx.cache.owned(caller, run_id)
@@ -185,7 +185,7 @@ class Runs:
                 self._ctx.cache.retire(run_id, state)
                 for finisher in callers:
                     audit.record(self._ctx.sessions, finisher, "finish", run_id, step=state.step)
-            return run_out(session, run, state)
+            return run_out(session, run, state, self._ctx.labels)
 
     def delete(self, caller: Caller, run_id: str) -> None:
         """Delete the caller's run and all its stored state; it no longer counts against
@@ -240,7 +240,7 @@ class Runs:
                 ProblemType.IDEMPOTENCY_KEY_REUSED,
                 f"run {run.id} was created with this Idempotency-Key and another configuration",
             )
-        return run_out(session, run, self._ctx.cache.peek(run.id))
+        return run_out(session, run, self._ctx.cache.peek(run.id), self._ctx.labels)
 
 
 def _at_last_step(state: RunState) -> None:

@@ -382,7 +382,7 @@ class Steps:
             log.info(
                 "run %s rolled back to step %d at %s's request", run_id, from_step, caller.name
             )
-            return run_out(session, run, state)
+            return run_out(session, run, state, self._ctx.labels)
 
 
 def _replay_mismatch(state: RunState, index: int, t: int) -> ProblemError:

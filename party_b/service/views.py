@@ -7,6 +7,7 @@ from sqlalchemy.orm import Session
 from api_schemas import AlignmentOut, RunCreate, RunOut, RunPrivacyOut, RunStatus
 from api_schemas.runs import AlignmentInfo
 from party_b import store
+from party_b.labels import LabelSource, class_names
 from party_b.privacy import PrivacyPolicy
 from party_b.privacy.label_dp import keep_probability
 from party_b.service.runstate import RunState
@@ -14,9 +15,9 @@ from party_b.service.runstate import RunState
 __all__ = ["alignment_out", "finite_or_none", "run_out"]
 
 
-def run_out(session: Session, run: store.Run, live: RunState | None) -> RunOut:
+def run_out(session: Session, run: store.Run, live: RunState | None, labels: LabelSource) -> RunOut:
     """The run as the API shows it; ``live``: its state in memory, whose step is newer than
-    the newest checkpoint."""
+    the newest checkpoint; ``labels``: party B's label source (its classes' names)."""
     checkpoints = store.checkpoint_steps(session, run.id)
     step = live.step if live is not None else (checkpoints[-1] if checkpoints else 0)
     alignment = None
@@ -35,6 +36,7 @@ def run_out(session: Session, run: store.Run, live: RunState | None) -> RunOut:
         alignment_key=run.alignment_key,
         alignment=alignment,
         num_classes=run.num_classes,
+        classes=class_names(labels, run.num_classes),
         side_features=run.side_features,
         privacy=privacy_out(_policy(session, run.id, live), run.num_classes),
     )

@@ -19,12 +19,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from party_a.cli.scores import columns_line
+from party_b import auth
 from party_b.api.main import load_labels
 from party_b.labels import load_label_table
+from party_b.metrics import Metrics
 from party_b.ops.cli import build_parser
-from party_b.settings import settings_from_flags
+from party_b.service import Caller, Service, build_service
+from party_b.settings import Limits, settings_from_flags
+from party_b.store import make_engine, make_session_factory
 from shared.idtables import TableError
 from shared.preparation import PreparationSettings
+from tests.utils.small_runs import TOKEN, aligned_in_process
 
 
 def _write(tmp_path: Path, frame: pd.DataFrame, name: str = "labels.csv") -> Path:
@@ -214,3 +220,37 @@ def test_serve_flags_and_variables_type_the_columns(
     settings = settings_from_flags(build_parser().parse_args(["serve", "--labels", str(path)]))
     assert settings.categorical == ["branch"]
     assert load_labels(settings).side_width == 5  # type: ignore[attr-defined]
+
+
+def test_runs_show_the_tables_classes_in_score_order(tmp_path: Path) -> None:
+    """RunOut.classes: score_i of a prediction is the probability of classes[i]; party A's
+    ``predict`` says so before it scores (``party_a.cli.scores.columns_line``)."""
+    frame = pd.DataFrame(
+        {"id": [f"u{i:03d}" for i in range(64)], "Status": ["good", "bad", "good", "good"] * 16}
+    )
+    labels = load_label_table(
+        _write(tmp_path, frame), id_column="id", label_column="Status", feature_columns=None
+    )
+    sessions = make_session_factory(make_engine(f"sqlite:///{tmp_path / 'b.sqlite'}"))
+    with sessions() as session:
+        auth.register_token(session, "tester", TOKEN)
+        row = auth.authenticate(session, TOKEN)
+        assert row is not None
+    service = build_service(sessions=sessions, labels=labels, limits=Limits(), metrics=Metrics())
+    caller = Caller(token_id=row.id, name=row.name)
+
+    run = aligned_in_process(service, caller, use_side_features=False)
+
+    assert run_classes(service, caller, run.id) == ["bad", "good"]
+    assert columns_line(["bad", "good"]) == (
+        "score_0 = 'bad', score_1 = 'good' (positive class: 'good')"
+    )
+    assert columns_line(["a", "b", "c"]) == "score_0 = 'a', score_1 = 'b', score_2 = 'c'"
+    assert columns_line(None) is None
+
+
+def run_classes(service: Service, caller: Caller, run_id: str) -> list[str] | None:
+    """The classes GET /v1/runs/{id} shows, and the run list too."""
+    shown = service.runs.get(caller, run_id).classes
+    assert [r.classes for r in service.runs.list_runs(caller)] == [shown]
+    return shown
