@@ -63,8 +63,10 @@ def test_new_customers_are_scored_and_the_exports_reproduce_the_service(tmp_path
             "--ids", ",".join(ids),
         )  # fmt: skip
         assert scored.returncode == 0, scored.stderr
-        # which probability each column is: party B's classes (the demo's labels are 0 and 1)
-        assert "scores: score_0 = '0', score_1 = '1' (positive class: '1')" in scored.stderr
+        # which probability each column is: party B's classes as its table holds them (pandas
+        # wrote the labels 0.0 and 1.0 once a cell was emptied above)
+        said = "scores: score_0 = '0.0', score_1 = '1.0' (positive class: '1.0')"
+        assert said in scored.stderr, scored.stderr
         batch = _scores(scored.stdout)
         assert list(batch) == ids
         # one CLI process per id costs a torch import: the new customer stands for all ids
