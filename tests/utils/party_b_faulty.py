@@ -18,17 +18,19 @@ from sqlalchemy.orm import Session
 
 from party_b import store
 from party_b.ops.cli import main
+from party_b.store.engine import Database
 
 _save_checkpoint = store.save_checkpoint
 
 
-def _save_checkpoint_then_stall(session: Session, **kwargs: Any) -> None:
-    _save_checkpoint(session, **kwargs)
+def _save_checkpoint_then_stall(db: Database, **kwargs: Any) -> None:
+    _save_checkpoint(db, **kwargs)
     try:
         Path(os.environ["FEDLITE_TEST_ARM"]).unlink()
     except (KeyError, FileNotFoundError):
         return
-    session.flush()  # the row is written into the transaction, not committed
+    if isinstance(db, Session):  # (a step's commit writes on a connection: executed already)
+        db.flush()  # the row is written into the transaction, not committed
     paused = Path(os.environ["FEDLITE_TEST_PAUSED"])
     paused.with_suffix(".tmp").write_text(str(kwargs["step"]))
     paused.with_suffix(".tmp").replace(paused)  # atomic: the test never reads it half written
