@@ -22,7 +22,7 @@ import numpy as np
 from party_a.errors import ConfigError
 from party_a.phases import phase
 from shared.idtables import TableError
-from shared.preparation import NumericFit, PreparationSettings, Vocabulary
+from shared.preparation import NumericFit, Preparation, PreparationSettings, Vocabulary
 from shared.typedtables import TextColumn
 
 __all__ = ["FeatureTransform", "Table", "bottom_kwargs"]
@@ -58,12 +58,10 @@ class Table(Protocol):
 
 
 @dataclass(frozen=True)
-class FeatureTransform:
+class FeatureTransform(Preparation):
     """One run's preparation: ``numeric`` (the number columns, in the order the bottom reads
-    them) and ``categorical`` (one vocabulary per categorical column, in table order)."""
-
-    numeric: NumericFit
-    categorical: tuple[Vocabulary, ...] = ()
+    them) and ``categorical`` (one vocabulary per categorical column, in table order); stored
+    as ``Preparation.to_json``."""
 
     # ------------------------------------------------------------------ what it reads and makes
 
@@ -148,19 +146,6 @@ class FeatureTransform:
             out[:, self.numeric.width + j] = codes
         _say_what_was_filled(len(table.ids), filled, outside, empty, self.categorical)
         return out
-
-    # ------------------------------------------------------------------ storage
-
-    def to_json(self) -> dict[str, Any]:
-        return self.numeric.to_json() | {"categorical": [v.to_json() for v in self.categorical]}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "FeatureTransform":
-        """Also reads what releases before categories stored: columns, mean and scale."""
-        return cls(
-            numeric=NumericFit.from_json(data),
-            categorical=tuple(Vocabulary.from_json(v) for v in data.get("categorical") or []),
-        )
 
 
 def _any_missing(x: np.ndarray) -> bool:

@@ -21,7 +21,7 @@ party B's in its process and its export (``SideFeatures``).
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Self
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from shared.typedtables import Held, TextColumn
 __all__ = [
     "ColumnSummary",
     "NumericFit",
+    "Preparation",
     "PreparationSettings",
     "SideFeatures",
     "Vocabulary",
@@ -291,15 +292,34 @@ def one_hot(codes: np.ndarray, size: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class SideFeatures:
+class Preparation:
+    """A table's fitted preparation as each party stores it: ``numeric`` (its number
+    columns) and ``categorical`` (one vocabulary per categorical column), one JSON object
+    (``to_json``). Party A's ``FeatureTransform`` feeds codes to its bottom model; party B's
+    ``SideFeatures`` one-hot columns to its top model."""
+
+    numeric: NumericFit
+    categorical: tuple[Vocabulary, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return self.numeric.to_json() | {"categorical": [v.to_json() for v in self.categorical]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Self:
+        """Also reads what releases before categories stored: columns, mean and scale."""
+        return cls(
+            numeric=NumericFit.from_json(data),
+            categorical=tuple(Vocabulary.from_json(v) for v in data.get("categorical") or []),
+        )
+
+
+@dataclass(frozen=True)
+class SideFeatures(Preparation):
     """Party B's side columns as its top model reads them: the numbers (``numeric``, z-scored),
     then each categorical column one-hot over its buckets (a dense matrix: the top model has
     no embeddings). Party B's label table is prepared with it at start-up
     (``party_b.labels``) and ``fedlite-b export`` writes its JSON, so that scoring from the
     export prepares a table exactly as the service did."""
-
-    numeric: NumericFit
-    categorical: tuple[Vocabulary, ...] = ()
 
     @property
     def width(self) -> int:
@@ -322,16 +342,6 @@ class SideFeatures:
             features[:, at : at + vocabulary.size] = one_hot(codes, vocabulary.size)
             at += vocabulary.size
         return features
-
-    def to_json(self) -> dict[str, Any]:
-        return self.numeric.to_json() | {"categorical": [v.to_json() for v in self.categorical]}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "SideFeatures":
-        return cls(
-            numeric=NumericFit.from_json(data),
-            categorical=tuple(Vocabulary.from_json(v) for v in data.get("categorical") or []),
-        )
 
 
 # ---------------------------------------------------------------------------------------------
