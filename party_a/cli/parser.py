@@ -7,6 +7,7 @@ from typing import Any
 
 from party_a.cli import commands
 from party_a.session import state_dir_default
+from shared.types import DECLARED_TYPES
 
 __all__ = ["build_parser"]
 
@@ -112,11 +113,7 @@ def _session_flags(parser: argparse.ArgumentParser) -> None:
         help="where party A computes: cpu (default), cuda, cuda:N or auto; a local choice, "
         "also for a trained run (config [run] device)",
     )
-    for flag, what in (
-        ("categorical", "categories whatever they hold (e.g. integer codes)"),
-        ("numeric", "numbers (a word in one is an error naming its row)"),
-        ("drop", "columns the run never reads"),
-    ):
+    for flag, what in (*DECLARED_TYPES, ("drop", "columns the run never reads")):
         parser.add_argument(
             f"--{flag}", metavar="COLUMNS", help=f"comma-separated: {what} (config [data] {flag})"
         )

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from party_b.errors import MaintenanceError, StartupError
 from party_b.settings import settings_from_flags
+from shared.types import DECLARED_TYPES
 
 # The database and admin modules (SQLAlchemy: ~0.3 s to import) load in the commands that use
 # them: ``fedlite-b health``, a container's and Kubernetes' probe every few seconds, needs none
@@ -257,10 +258,7 @@ def _label_flags(parser: argparse.ArgumentParser) -> None:
         "--feature-columns", help="comma-separated feature columns (default: all others)"
     )
     parser.add_argument("--group-column", help="client column (the 'clients' batch schedule)")
-    for flag, what in (
-        ("categorical", "categories whatever they hold (e.g. integer codes)"),
-        ("numeric", "numbers (a word in one is an error naming its row)"),
-    ):
+    for flag, what in DECLARED_TYPES:
         parser.add_argument(
             f"--{flag}",
             metavar="COLUMNS",
