@@ -12,15 +12,11 @@ from types import ModuleType
 import numpy as np
 import pandas as pd
 
-from party_b import auth
 from party_b.labels import load_label_table
-from party_b.metrics import Metrics
 from party_b.ops.export import export_run
-from party_b.service import Caller, build_service
-from party_b.settings import Limits, Settings
-from party_b.store import make_engine, make_session_factory
+from party_b.settings import Settings
 from shared.pq.frozen import read_manifest
-from tests.utils.small_runs import TOKEN, aligned_in_process
+from tests.utils.small_runs import aligned_in_process, small_party_b
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,16 +60,9 @@ def test_a_run_reading_categories_and_empty_cells_exports_and_serves_as_trained(
     table_path = _labels_with_categories(tmp_path / "labels.csv")
     labels = load_label_table(table_path, id_column="id", label_column="y", feature_columns=None)
     assert labels.feature_mean is None  # what the old export needed, and lacked here
-    settings = Settings(data_dir=tmp_path / "b", labels=table_path)
-    settings.data_dir.mkdir()
-    sessions = make_session_factory(make_engine(settings.resolved_database_url()))
-    with sessions() as session:
-        auth.register_token(session, "tester", TOKEN)
-        row = auth.authenticate(session, TOKEN)
-        assert row is not None
-    caller = Caller(token_id=row.id, name=row.name)
-    service = build_service(sessions=sessions, labels=labels, limits=Limits(), metrics=Metrics())
-    run = aligned_in_process(service, caller)
+    party_b = small_party_b(tmp_path / "b", labels)
+    run = aligned_in_process(party_b.service(), party_b.caller)
+    settings = Settings(data_dir=tmp_path / "b", labels=table_path)  # fedlite-b export's
 
     manifest = export_run(settings, labels, run.id, tmp_path / "b-export")
 

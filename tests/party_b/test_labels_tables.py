@@ -20,17 +20,14 @@ import pandas as pd
 import pytest
 
 from party_a.cli.scores import columns_line
-from party_b import auth
 from party_b.api.main import load_labels
 from party_b.labels import load_label_table
-from party_b.metrics import Metrics
 from party_b.ops.cli import build_parser
-from party_b.service import Caller, Service, build_service
-from party_b.settings import Limits, settings_from_flags
-from party_b.store import make_engine, make_session_factory
+from party_b.service import Caller, Service
+from party_b.settings import settings_from_flags
 from shared.idtables import TableError
 from shared.preparation import PreparationSettings
-from tests.utils.small_runs import TOKEN, aligned_in_process
+from tests.utils.small_runs import aligned_in_process, small_party_b
 
 
 def _write(tmp_path: Path, frame: pd.DataFrame, name: str = "labels.csv") -> Path:
@@ -231,13 +228,8 @@ def test_runs_show_the_tables_classes_in_score_order(tmp_path: Path) -> None:
     labels = load_label_table(
         _write(tmp_path, frame), id_column="id", label_column="Status", feature_columns=None
     )
-    sessions = make_session_factory(make_engine(f"sqlite:///{tmp_path / 'b.sqlite'}"))
-    with sessions() as session:
-        auth.register_token(session, "tester", TOKEN)
-        row = auth.authenticate(session, TOKEN)
-        assert row is not None
-    service = build_service(sessions=sessions, labels=labels, limits=Limits(), metrics=Metrics())
-    caller = Caller(token_id=row.id, name=row.name)
+    party_b = small_party_b(tmp_path / "b", labels)
+    service, caller = party_b.service(), party_b.caller
 
     run = aligned_in_process(service, caller, use_side_features=False)
 

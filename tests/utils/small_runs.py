@@ -163,11 +163,17 @@ class SmallPartyB:
         )
 
 
-def small_party_b(directory: Path) -> SmallPartyB:
+def small_party_b(directory: Path, labels: LabelSource | None = None) -> SmallPartyB:
+    """``SmallPartyB`` in ``directory`` (its database: ``directory / "party_b.sqlite"``, what
+    ``Settings(data_dir=directory)`` names), on ``labels`` or ``labels_csv``'s table."""
     directory.mkdir(parents=True, exist_ok=True)
-    labels = load_label_table(
-        labels_csv(directory / "labels.csv"), id_column="id", label_column="y", feature_columns=None
-    )
+    if labels is None:
+        labels = load_label_table(
+            labels_csv(directory / "labels.csv"),
+            id_column="id",
+            label_column="y",
+            feature_columns=None,
+        )
     sessions = make_session_factory(make_engine(f"sqlite:///{directory / 'party_b.sqlite'}"))
     callers = []
     with sessions() as session:
