@@ -7,13 +7,13 @@ its token up again, so a revoked token stops working at once, without a restart.
 
 import hashlib
 import hmac
-import secrets
 from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session
 
 from party_b.store.tables import ApiToken, RevokedToken
 from party_b.store.tokens import revoked_hash, token_by_hash, token_named
+from party_b.token_text import new_token
 
 __all__ = ["authenticate", "hash_token", "issue_token", "register_token", "revoke_token"]
 
@@ -26,7 +26,7 @@ def hash_token(token: str) -> str:
 
 def issue_token(session: Session, name: str) -> str:
     """Create a new random token under ``name``; returns it (the only time it is visible)."""
-    token = secrets.token_urlsafe(32)
+    token = new_token()
     register_token(session, name, token)
     return token
 

@@ -9,7 +9,6 @@ and revokes them (``fedlite-b parties``); they go with their run.
 
 import hashlib
 import hmac
-import secrets
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -17,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from party_b.store import parties as party_store
 from party_b.store.engine import Database
+from party_b.token_text import new_token
 
 __all__ = [
     "PartyCredential",
@@ -61,7 +61,7 @@ def issue_party_token(
     active token per party), expiring at ``expires_at`` and bound to the client certificate
     ``subject`` when given; returns it, the only time it is visible. Commits."""
     party_store.revoke_party_tokens(session, run_id, party)
-    token = secrets.token_urlsafe(32)
+    token = new_token()
     party_store.add_party_token(
         session, run_id, party, _hash(token), expires_at=expires_at, subject=subject
     )

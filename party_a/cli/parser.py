@@ -17,7 +17,11 @@ __all__ = ["build_parser"]
 
 def _connection_flags(parser: argparse.ArgumentParser, *, retry_for: float = 300.0) -> None:
     parser.add_argument("--server", help="party B's base URL (or FEDLITE_A_SERVER)")
-    parser.add_argument("--token", help="API token issued by party B (or FEDLITE_A_TOKEN)")
+    parser.add_argument(
+        "--token",
+        help="API token issued by party B (or FEDLITE_A_TOKEN); one that begins with '-' "
+        "goes as --token=VALUE",
+    )
     parser.add_argument(
         "--ca-bundle",
         type=Path,

@@ -11,7 +11,6 @@ checkpointed as on SIGTERM). A deployment runs ``fedlite-b serve`` instead (docs
 TLS, its own process, an operator-issued token.
 """
 
-import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ import uvicorn
 
 from party_b.api import create_app
 from party_b.settings import Settings
+from party_b.token_text import new_token
 
 __all__ = ["BackgroundPartyB", "serve_in_thread"]
 
@@ -54,7 +54,7 @@ def serve_in_thread(
         port: 0 picks a free port.
         settings: any other ``party_b.settings.Settings`` field (``limits=``, ...).
     """
-    token = token or secrets.token_urlsafe(24)
+    token = token or new_token(24)
     app = create_app(
         Settings(data_dir=Path(data_dir), labels=Path(labels), tokens=f"local:{token}", **settings)
     )

@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import random
-import secrets
 import shutil
 import signal
 import socket
@@ -46,6 +45,7 @@ from typing import Any
 
 from party_b.ops.certs import HOP_SUBJECT, StackCertificates, stack_certificates
 from party_b.ops.launch import MALLOC_TUNING, wait_until_healthy
+from party_b.token_text import new_token
 
 __all__ = [
     "RUN_HASH",
@@ -501,7 +501,7 @@ def _tokens(tokens_file: Path | None) -> tuple[str, str | None]:
         return ",".join(line for line in lines if line), None
     if os.environ.get("FEDLITE_B_TOKENS"):
         return os.environ["FEDLITE_B_TOKENS"], None
-    shown = secrets.token_urlsafe(24)
+    shown = new_token(24)
     return f"demo:{shown}", shown
 
 

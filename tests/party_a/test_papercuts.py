@@ -15,7 +15,6 @@ import json
 import math
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,16 +142,21 @@ def test_predict_names_the_id_column_as_the_table_does(
 def test_a_refused_token_exits_2_with_the_reason(party_b: dict[str, Path | str]) -> None:
     url = str(party_b["url"])
     unknown = run_cli("a", "check", "--server", url, "--token", "not-a-token-0123456789")
+    dashed = run_cli("a", "check", "--server", url, "--token=-not-a-token-0123456789")
     issued = run_cli(
         "b", "token", "issue", "--name", "brief", "--expires", "1s",
         "--data-dir", str(party_b["data_dir"]),
     )  # fmt: skip
-    time.sleep(1.2)
-    expired = run_cli("a", "check", "--server", url, "--token", issued.stdout.strip())
+    token = issued.stdout.strip()
+    assert token.startswith("fl_"), token  # never "-...", which a command line takes for a flag
+    expired = run_cli("a", "check", "--server", url, "--token", token)
+    while "expired at" not in expired.stderr and expired.returncode == 0:  # valid for 1 s
+        expired = run_cli("a", "check", "--server", url, "--token", token)
 
     assert unknown.returncode == 2, unknown.stderr
     assert "Unauthorized (401): unknown or revoked token" in unknown.stderr
     assert "fedlite-b token issue" in unknown.stderr  # who can fix it
+    assert dashed.returncode == 2 and "unknown or revoked token" in dashed.stderr, dashed.stderr
     assert expired.returncode == 2, expired.stderr
     assert "the token 'brief' expired at" in expired.stderr
 
