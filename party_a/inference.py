@@ -104,6 +104,7 @@ class RunView:
     step: int  # the bottom model's step
     batch_size: int  # rows per chunk of a request
     model: str  # the run's model name, for messages
+    party: str | None  # this party's name in a run with several feature parties
 
     def freeze_codebook(self) -> None:
         train_x = self.data.inputs(self.data.train_pos) if len(self.data.rows) else None
@@ -152,8 +153,13 @@ def request_bounds(run: RunView, wanted: int | None = None, *, ask: bool) -> Req
     """Ids per predict request: ``wanted`` (``--chunk-size``), else with ``ask`` party B's
     ``max_batch`` (one ``GET /v1/psi``: the whole-table command, where fewer, larger
     requests pay for it), else ``DEFAULT_IDS_PER_REQUEST``; never more chunks of
-    ``batch_size`` rows than a message may hold. The feature parties of a run cut one list
-    the same way, so that their requests name the same ids."""
+    ``batch_size`` rows than a message may hold.
+
+    The feature parties of a run must cut one list at the same ids, whatever each one's
+    width and activations: each asks party B's limits and caps the size by the body that
+    the run's widest raw activations would take (``codec.predict_ids_within``, PROTOCOL.md
+    12.8), instead of halving its own requests when one is too large."""
+    ask = ask or run.party is not None
     info = run.transport.psi_info() if ask else None
     limit = info.max_batch if info is not None else None
     bound = limit if limit is not None else DEFAULT_IDS_PER_REQUEST
@@ -167,7 +173,12 @@ def request_bounds(run: RunView, wanted: int | None = None, *, ask: bool) -> Req
             )
         bound = wanted
     ids = max(1, min(bound, run.batch_size * codec.DEFAULT_LIMITS.max_chunks))
-    return RequestBounds(ids=ids, body_bytes=info.max_body_bytes if info is not None else None)
+    body_bytes = info.max_body_bytes if info is not None else None
+    if run.party is not None and body_bytes is not None:
+        parties = run.transport.get_run(run.local.remote_id).config.parties or []
+        widest = max(party.cut_dim for party in parties)
+        ids = min(ids, codec.predict_ids_within(body_bytes, widest))
+    return RequestBounds(ids=ids, body_bytes=body_bytes)
 
 
 def check_ids(features: FeatureTable, common: set[str], ids: Sequence[str]) -> dict[str, int]:
@@ -279,6 +290,6 @@ def predict(
     raw: bool,
 ) -> codec.PredictResponse:
     """Every score of ``predict_stream`` in one answer (the Python API's ``predict``)."""
-    bounds = request_bounds(run, ask=False)
+    bounds = request_bounds(run, ask=False)  # with several parties, it asks
     answers = list(predict_stream(run, features, common, ids, raw=raw, bounds=bounds))
     return codec.PredictResponse(ids=list(ids), scores=np.concatenate([a.scores for a in answers]))

@@ -466,6 +466,7 @@ class PartyATrainer:
             step=self.step,
             batch_size=self.config.run.batch_size,
             model=self.config.run.model,
+            party=self.config.run.party,
         )
 
     def evaluate(self, split: str = "eval", *, raw: bool = False) -> codec.EvaluateResponse:

@@ -90,6 +90,7 @@ __all__ = [
     "encode_step_request",
     "encode_step_response",
     "peek_step",
+    "predict_ids_within",
 ]
 
 
@@ -245,6 +246,25 @@ def decode_evaluate_response(
 # ------------------------------------------------------------------------------------------
 # PredictRequest
 # ------------------------------------------------------------------------------------------
+
+
+# A PredictRequest's bytes, at most, where its activations are raw float32 (the largest
+# they travel as; docs/PROTOCOL.md 12.8): per id the key (a msgpack str of 64 hex
+# characters, 66 bytes), its row of d float32 values and a chunk's header (about 25 bytes,
+# the worst case being a chunk of one row); per request the envelope (1 KiB of headroom).
+PREDICT_BYTES_PER_ID = 66 + 32
+PREDICT_FRAME_BYTES = 1024
+
+
+def predict_ids_within(body_bytes: int, widest_cut: int) -> int:
+    """Ids per predict request such that raw float32 activations of width ``widest_cut``
+    fit a body of ``body_bytes`` (party B's ``max_body_bytes``); at least 1.
+
+    The feature parties of a run cut a long list by this one rule, from the same two numbers
+    (``PsiInfo.max_body_bytes``, the widest ``cut_dim`` of the run's parties), so that their
+    requests name the same ids whatever each sends (PROTOCOL.md 12.8)."""
+    per_id = PREDICT_BYTES_PER_ID + 4 * widest_cut
+    return max(1, (body_bytes - PREDICT_FRAME_BYTES) // per_id)
 
 
 def encode_predict_request(

@@ -176,6 +176,18 @@ def test_the_text_alone_fuses_the_parties_and_slices_their_gradients() -> None:
         assert [x.tolist() for x in grads] == output["g"], case["name"]
 
 
+def test_the_text_alone_cuts_a_predict_list_as_every_party_does() -> None:
+    """Section 12.8's rule, in integers: n = max(1, (max_body_bytes - 1024) // (98 + 4 d_max))
+    ids a request, the list cut into requests of n in order."""
+    cut = [case for case in _cases("parties") if "max_body_bytes" in case["input"]]
+    assert len(cut) == 3
+    for case in cut:
+        given, output = case["input"], case["output"]
+        n = max(1, (given["max_body_bytes"] - 1024) // (98 + 4 * max(given["cut_dims"])))
+        sizes = [min(n, given["ids"] - at) for at in range(0, given["ids"], n)]
+        assert (n, sizes) == (output["ids_per_request"], output["requests"]), case["name"]
+
+
 def test_the_psi_vector_is_a_real_intersection_under_its_keys() -> None:
     import private_set_intersection.python as psi_library
 

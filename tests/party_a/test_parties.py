@@ -19,6 +19,7 @@ from party_a.trainer import PartyATrainer
 from party_b.api import create_app
 from party_b.party_tokens import issue_party_token
 from party_b.settings import Settings
+from party_b.store.audit import AuditFilter, audit_entries
 from party_b.store.parties import party_traffic
 from shared.demo_data import write_party_b_demo
 from tests.utils.live import live_server
@@ -245,3 +246,63 @@ def test_check_and_align_take_a_party_token(party_b: tuple[FastAPI, str], tmp_pa
     assert json.loads(align.stdout)["intersection"] == 569 - 6  # left lacks 6 of the ids
     assert wrong.returncode == 2 and "unknown or revoked token" in wrong.stderr  # cannot heal
     assert "party token" not in wrong.stderr  # party B's first answer, as for any token
+
+
+def test_parties_of_different_widths_cut_a_long_raw_predict_at_the_same_ids(
+    tmp_path: Path,
+) -> None:
+    """A predict list too long for one body of the wide party's raw activations (64 floats
+    an id) but not of the narrow one's (8): every party cuts the list by one rule from the
+    run's widest cut and party B's body limit, so their parts name the same ids and meet."""
+    labels = write_party_b_demo(tmp_path / "labels.csv")
+    settings = Settings(
+        data_dir=tmp_path / "b",
+        labels=labels,
+        tokens=f"owner:{TOKEN}",
+        privacy="off,predict_train_ids=true",
+        limits={"max_body_bytes": 64 * 1024},  # the alignment (563 ids) fits in one
+    )
+    app = create_app(settings)
+    columns = {"narrow": (0, 10), "wide": (10, 20)}
+    tables = feature_tables(tmp_path / "a", columns)
+    configs = {
+        "narrow": party_config("widths", "narrow", 10, **{"run.steps": 4}),
+        "wide": party_config(
+            "widths",
+            "wide",
+            10,
+            **{"run.steps": 4, "model.bottom": {"hidden": [16], "cut_dim": 64, "in_features": 10}},
+        ),
+    }
+    common = sorted(
+        set(pd.read_csv(tables["narrow"])["id"]) & set(pd.read_csv(tables["wide"])["id"])
+    )
+    ids = common[:300]  # wide: 300 x (256 bytes of floats + 66 of id) = 97 kB; narrow: 29 kB
+    with live_server(app) as url:
+        run_id, tokens = _create(app, url, run_of(configs))
+        trainers = {
+            name: party_trainer(tmp_path / f"state-{name}", url, tokens[name], tables[name], c)
+            for name, c in configs.items()
+        }
+
+        def session(trainer: PartyATrainer) -> Any:
+            trainer.prepare()
+            trainer.train()
+            return trainer.predict(ids, raw=True)
+
+        try:
+            out = _in_threads({name: (lambda t=t: session(t)) for name, t in trainers.items()})
+        finally:
+            for trainer in trainers.values():
+                trainer.close()
+
+    assert out["narrow"].ids == out["wide"].ids == ids
+    assert np.array_equal(out["narrow"].scores, out["wide"].scores)
+    assert out["wide"].scores.shape == (300, 2)
+    with app.state.sessions() as db:
+        rows = audit_entries(db, AuditFilter(run_id=run_id, action="predict"))
+    cut: dict[str, list[int | None]] = {}
+    for row in rows:
+        cut.setdefault(row.actor, []).append(row.ids)
+    # (64 KiB - 1 KiB) // (98 + 4 x 64) = 182 ids a request, for both
+    assert sorted(cut.values()) == [[182, 118], [182, 118]], cut

@@ -38,6 +38,7 @@ from shared.codec import (
     encode_predict_response,
     encode_step_request,
     encode_step_response,
+    predict_ids_within,
 )
 
 DIGEST = bytes(range(8))
@@ -1299,3 +1300,18 @@ def test_encoded_size_matches_the_documented_formula(case: tuple[bool, object]):
     options = HALF_OPTIONS[type(message)] if half else {}
     encoded = ENCODER[type(message)](message, **options)
     assert len(encoded) == documented_size(message, 2 if half else 4)
+
+
+@pytest.mark.parametrize(("d", "rows_per_chunk"), [(1, 1), (8, 1), (64, 32), (300, 7)])
+def test_a_predict_request_of_the_ids_the_cut_rule_allows_fits_the_body(
+    d: int, rows_per_chunk: int
+) -> None:
+    """PROTOCOL.md 12.8: ``predict_ids_within(body, d)`` ids of raw float32 rows, cut into
+    chunks of any size, encode to at most ``body`` bytes."""
+    body = 20_000
+    n = predict_ids_within(body, d)
+    rows = np.full((n, d), 1.5, dtype=np.float32)
+    chunks = [RawActivations(rows[at : at + rows_per_chunk]) for at in range(0, n, rows_per_chunk)]
+    message = PredictRequest(ids=["ab" * 32] * n, chunks=chunks)
+    assert n > 1 and len(encode_predict_request(message)) <= body
+    assert predict_ids_within(body, 10**9) == 1  # never zero: one id a request at least

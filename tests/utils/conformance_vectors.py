@@ -628,7 +628,9 @@ def parties_cases() -> tuple[str, str, list[Case]]:
         "g_p each party gets back (its columns for concat, G for sum, G / N for mean), all "
         "float32. The run case: a RunCreate with parties as a client sends it, and the config "
         "party B stores and echoes in RunOut.config (fusion, every party's downlink and the "
-        "fused cut_dim filled in)."
+        "fused cut_dim filled in). The predict cut cases (section 12.8): party B's "
+        "max_body_bytes, the run's parties' cut_dim, and a list's length; the ids a request "
+        "every party sends, and the sizes of the requests the list travels in."
     )
     z = [
         [[1.0, 2.0], [3.0, 4.0]],
@@ -668,6 +670,13 @@ def parties_cases() -> tuple[str, str, list[Case]]:
     }
     stored = RunCreate.model_validate(spec).model_dump(mode="json")
     cases.append(_case("a RunCreate with two parties", {"RunCreate": spec}, {"config": stored}))
+    for body, widths, length in [(65_536, [8, 64], 300), (64 * 2**20, [9216, 16], 10_000),
+                                 (1024, [9216], 3)]:  # fmt: skip
+        per_request = codec.predict_ids_within(body, max(widths))
+        sizes = [min(per_request, length - at) for at in range(0, length, per_request)]
+        given = {"max_body_bytes": body, "cut_dims": widths, "ids": length}
+        output = {"ids_per_request": per_request, "requests": sizes}
+        cases.append(_case(f"predict cut, {body} bytes, widths {widths}", given, output))
     return "Several feature parties", about, cases
 
 
