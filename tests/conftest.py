@@ -85,13 +85,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(_FOLDER_MARKERS[folder])
 
 
-@pytest.fixture(autouse=True)
-def pinned_privacy_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every run a party B in this process creates gets its privacy secret from a fixed
-    sequence (SHA-256 of a per-test counter) instead of the operating system's random
-    bytes: under label DP, party B's default, a run's randomized labels come from its
-    secret, and no test's verdict may depend on which labels a random secret flipped.
-    Runs still get secrets of their own (the sequence never repeats within a test)."""
+def _pin_secrets(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """``party_b.privacy.secret.new_secret`` gives SHA-256 of "{name} 0", "{name} 1", ..."""
     import hashlib
     import itertools
 
@@ -99,8 +94,27 @@ def pinned_privacy_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
 
     counter = itertools.count()
     monkeypatch.setattr(
-        secret, "new_secret", lambda: hashlib.sha256(f"run {next(counter)}".encode()).digest()
+        secret, "new_secret", lambda: hashlib.sha256(f"{name} {next(counter)}".encode()).digest()
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def pinned_privacy_secrets_of_shared_fixtures() -> Iterator[None]:
+    """As ``pinned_privacy_secrets``, for the runs of fixtures wider than a test (a module's
+    party B, set up before any test's own fixtures): never the operating system's bytes."""
+    with pytest.MonkeyPatch.context() as patch:
+        _pin_secrets(patch, "shared run")
+        yield
+
+
+@pytest.fixture(autouse=True)
+def pinned_privacy_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run a party B in this process creates gets its privacy secret from a fixed
+    sequence (SHA-256 of a per-test counter) instead of the operating system's random
+    bytes: under label DP, party B's default, a run's randomized labels come from its
+    secret, and no test's verdict may depend on which labels a random secret flipped.
+    Runs still get secrets of their own (the sequence never repeats within a test)."""
+    _pin_secrets(monkeypatch, "run")
 
 
 # ---------------------------------------------------------------------------- party B fixtures

@@ -7,6 +7,7 @@ deadline rather than hang. ``local_party_b`` does all of it on a free 127.0.0.1 
 """
 
 import os
+import random
 import signal
 import socket
 import ssl
@@ -27,11 +28,29 @@ __all__ = ["MALLOC_TUNING", "child_process", "free_port", "local_party_b", "wait
 MALLOC_TUNING = {"MALLOC_MMAP_THRESHOLD_": "67108864", "MALLOC_TRIM_THRESHOLD_": "268435456"}
 
 
+_handed_out: set[int] = set()  # ports this process gave away: never the same one twice
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on (at the moment of asking)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on (at the moment of asking), below the
+    kernel's ephemeral range (32768 up) and never one this process handed out before.
+
+    Why not port 0's choice: a child binds its port only after its imports and warm-up,
+    seconds later, and meanwhile the kernel may give that port to an outgoing connection
+    (a replica failed with "address already in use"); and two calls in a row may get the
+    same port back before either is bound."""
+    rng = random.SystemRandom()
+    while True:
+        port = rng.randrange(20000, 32000)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
 
 
 @contextmanager

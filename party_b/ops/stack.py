@@ -27,10 +27,8 @@ package and HAProxy from ``haproxy``.
 import argparse
 import json
 import os
-import random
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -44,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from party_b.ops.certs import HOP_SUBJECT, StackCertificates, stack_certificates
-from party_b.ops.launch import MALLOC_TUNING, wait_until_healthy
+from party_b.ops.launch import MALLOC_TUNING, free_port, wait_until_healthy
 from party_b.token_text import new_token
 
 __all__ = [
@@ -52,7 +50,6 @@ __all__ = [
     "LocalStack",
     "Replica",
     "haproxy_config",
-    "listen_port",
     "local_postgres",
     "main",
 ]
@@ -134,28 +131,6 @@ backend replicas
     default-server {_CHECKS}{server_tls}
 {backends}
 """
-
-
-_taken: set[int] = set()  # ports this process handed out
-
-
-def listen_port() -> int:
-    """A free port on 127.0.0.1 below the kernel's ephemeral range (32768 up): a replica
-    binds its port only after its imports and warm-up, seconds later, and a port the kernel
-    hands out for outgoing connections was taken meanwhile by one of them (a replica failed
-    with "address already in use")."""
-    rng = random.SystemRandom()
-    while True:
-        port = rng.randrange(20000, 32000)
-        if port in _taken:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _taken.add(port)
-        return port
 
 
 def _as_postgres(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -326,8 +301,8 @@ class LocalStack:
     def _start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.database_url is None:
-            self.database_url = self._stack.enter_context(local_postgres(listen_port()))
-        self.port = self.port or listen_port()
+            self.database_url = self._stack.enter_context(local_postgres(free_port()))
+        self.port = self.port or free_port()
         if self.mutual_tls and self.certificates is None:
             self.certificates = stack_certificates(self.state_dir / "tls")
         for i in range(1, self.replicas + 1):
@@ -345,7 +320,7 @@ class LocalStack:
 
     def _replica(self, name: str) -> Replica:
         assert self.database_url is not None
-        port = listen_port()
+        port = free_port()
         command = [
             sys.executable, "-m", "party_b.ops.cli", "serve",
             "--port", str(port),

@@ -3,19 +3,13 @@ its delay; the namespace check names why it cannot run (the benchmark then skips
 
 import asyncio
 import os
-import socket
 import time
 
 import pytest
 
 from benchmarks.wan import netns
 from benchmarks.wan.netproxy import serve
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from party_b.ops.launch import free_port
 
 
 async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -27,7 +21,7 @@ async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 def test_the_proxy_delays_each_direction_and_keeps_every_byte_in_order() -> None:
-    echo_port, proxy_port, delay = _free_port(), _free_port(), 0.05
+    echo_port, proxy_port, delay = free_port(), free_port(), 0.05
     payload = os.urandom(3 << 20)  # 3 MiB: many chunks each way
 
     async def scenario() -> tuple[float, bytes]:

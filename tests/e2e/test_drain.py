@@ -12,6 +12,7 @@ bottom model, party B's top model).
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ CONFIG: dict[str, Any] = {
     "run.checkpoint_interval": 10,
     "run.pipeline_depth": 2,  # a step in flight beside the one being answered
 }
-DRAIN_SECONDS = 3.0
+DRAIN_SECONDS = 10.0  # unready this long: the probes below have time under any load
 
 
 def _trainer(tmp_path: Path, url: str, name: str) -> PartyATrainer:
@@ -58,6 +59,24 @@ def _held_step_body(trainer: PartyATrainer, step: int) -> bytes:
     digest = batch_digest([trainer.data.aligned[p] for p in trainer.batch(step).positions])
     request = codec.StepRequest(step=step, batch_digest=digest, chunks=(chunk,))
     return codec.encode_step_request(request)
+
+
+def _held_steps(url: str) -> float:
+    """Party B's count of steps it held for their turn (its /metrics, no token needed)."""
+    text = httpx.get(f"{url}/metrics").text
+    line = next(
+        (x for x in text.splitlines() if x.startswith('fedlite_b_steps_total{outcome="held"}')),
+        None,
+    )
+    return float(line.rsplit(" ", 1)[1]) if line else 0.0
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    """Poll ``condition`` (no fixed sleep decides a verdict) for at most 60 s."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.02)
 
 
 @pytest.mark.timeout(600)
@@ -106,12 +125,13 @@ def test_sigterm_drains_checkpoints_and_the_run_resumes_bit_identical(tmp_path: 
             )
         )
         held.start()
-        time.sleep(0.3)
+        _until(lambda: _held_steps(b.url) >= 1, "party B holds the bystander's step")
         reach(23)
         assert held.is_alive()  # no answer yet: it is in flight
         assert b.proc is not None
         b.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)  # the drain starts at the server's next tick (0.1 s)
+        # the drain starts at the server's next tick (0.1 s)
+        _until(lambda: httpx.get(f"{b.url}/readyz").status_code == 503, "party B drains")
         ready = httpx.get(f"{b.url}/readyz")
         live = httpx.get(f"{b.url}/healthz")
         refused = httpx.get(f"{b.url}/v1/runs", headers=auth)

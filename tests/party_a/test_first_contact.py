@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,10 +122,9 @@ def test_party_b_logs_its_start_up_phases(world: tuple[str, Path, Path], tmp_pat
     server = PartyBProcess(tmp_path / "b", labels, {"a": TOKEN}, extra_args=["--log-level", "info"])
     server.start()
     try:
-        for _ in range(100):  # the PSI set-up is built in the background after start-up
-            if "PSI set-up ready" in server.log():
-                break
-            __import__("time").sleep(0.1)
+        deadline = time.monotonic() + 120  # a bound for a hang, not a speed: load decides it
+        while "PSI set-up ready" not in server.log() and time.monotonic() < deadline:
+            time.sleep(0.1)  # the PSI set-up is built in the background after start-up
     finally:
         server.stop()
     log = server.log()

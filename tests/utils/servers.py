@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -11,18 +10,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from party_b.ops.launch import wait_until_healthy
+from party_b.ops.launch import free_port, wait_until_healthy
 from tests.utils.data import breast_pair
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ALICE = "alice-token-0123456789"
 MALLORY = "mallory-token-0123456789"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["ALICE", "MALLORY", "REPO_ROOT", "PartyBProcess", "breast_party_b", "free_port"]
 
 
 class PartyBProcess:

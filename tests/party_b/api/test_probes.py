@@ -106,6 +106,7 @@ def test_readiness_follows_the_database_and_liveness_does_not(
 ) -> None:
     database_url, relay = relayed_postgres
     with live_server(create_app(_settings(tmp_path, database_url=database_url))) as url:
+        _eventually(lambda: httpx.get(f"{url}/readyz").status_code == 200, "ready first")
         before = httpx.get(f"{url}/readyz")
         time.sleep(1.1)  # past the probe's reuse of a fresh result
         relay.cut()

@@ -320,7 +320,9 @@ def test_a_step_whose_wait_ended_out_of_order_is_refused_at_once_when_resent(
     joins the waiting request and its wait ends with it; after that, the step is refused at
     once while its predecessor is missing, so the client sees the 409 (party B is behind)
     within its timeout instead of timing out again and again."""
-    with _party_b(tmp_path, hold=0.5) as (app, url), _client(url) as client:
+    # the hold is waited out once; 5 s leave the resend time to join under any load (it
+    # took 70-210 ms beside two CPU-bound processes, against a 0.5 s hold that flaked)
+    with _party_b(tmp_path, hold=5.0) as (app, url), _client(url) as client:
         run = aligned_run(client)
         assert _post_step(url, run, 1).status_code == 200
 
