@@ -394,6 +394,12 @@ def render() -> str:
             "floor-locust-lean-path",
             floor_locust_table,
         ),
+        (
+            "Small steps under locust against f352584, steps matched first (issue 36, third "
+            "round)",
+            "floor-locust-routes",
+            floor_locust_table,
+        ),
         ("Party B's HTTP path, layer by layer (issue 36)", "http_path", http_path_table),
         ("Quantizer, all libraries on one thread", "quantizer-1thread", quantizer_table),
         ("Quantizer, default threads", "quantizer", quantizer_table),
