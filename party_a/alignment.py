@@ -73,7 +73,7 @@ def private_intersection(
         )
     phase("PSI: %s ids here, %s at party B", f"{len(unique):,}", f"{info.size:,}")
     started = time.perf_counter()
-    common, reply, wire_bytes = _one_psi(unique, transport)
+    common, reply, wire_bytes = _one_psi(unique, transport, info)
     seconds = time.perf_counter() - started
     # The reply names the id set it was computed on; it wins if party B changed meanwhile.
     result = store.save_psi(
@@ -94,10 +94,13 @@ def private_intersection(
     return result, False
 
 
-def _one_psi(ids: list[str], transport: Transport) -> tuple[list[str], PsiReply, int]:
+def _one_psi(
+    ids: list[str], transport: Transport, info: PsiInfo
+) -> tuple[list[str], PsiReply, int]:
     """One PSI round trip: the common ids, party B's reply, the bytes of both messages."""
     client = PsiClient(ids)
     body = encode_psi_request(PsiRequest(request=client.request()))
+    _fits_body("the PSI request", body, len(ids), info)
     try:
         raw_reply = transport.psi(body)
         reply = decode_psi_reply(raw_reply)
@@ -105,6 +108,22 @@ def _one_psi(ids: list[str], transport: Transport) -> tuple[list[str], PsiReply,
     except (PsiError, CodecError) as exc:
         raise ProtocolError(f"party B's PSI reply: {exc}") from None
     return common, reply, len(body) + len(raw_reply)
+
+
+def _fits_body(what: str, body: bytes, ids: int, info: PsiInfo) -> None:
+    """ConfigError, before anything is sent, when ``body`` for ``ids`` ids is over party B's
+    ``max_body_bytes``: it names the setting, the value that would take it and how many ids
+    fit, since no retry and no smaller request can help (the PSI and the alignment travel
+    whole)."""
+    size, limit = len(body), info.max_body_bytes
+    if limit is None or size <= limit:
+        return
+    fit = int(ids * (limit / size))
+    raise ConfigError(
+        f"{what} for {ids:,} ids is {size:,} bytes, over party B's limit of {limit:,} bytes a "
+        f"request: party B's operator raises FEDLITE_B_LIMIT_MAX_BODY_BYTES to at least "
+        f"{size + 4096:,}, or align a table of at most about {fit:,} ids"
+    )
 
 
 def known_intersection(
@@ -194,9 +213,9 @@ def _align_at_party_b(
     phase("aligning the run on %s ids", f"{len(offered):,}")
     started = time.perf_counter()
     if "keys" in info.alignment_formats:
-        answer, traffic = _align_keys(local.remote_id, offered, transport)
-    else:  # a party B from before the binary alignment
-        answer, traffic = _align_json(local.remote_id, offered, transport)
+        answer, traffic = _align_keys(local.remote_id, offered, transport, info)
+    else:  # a party B from before the binary alignment, or a feature party of several
+        answer, traffic = _align_json(local.remote_id, offered, transport, info)
     # what travels is counted: the bodies as HttpTransport sends and receives them, plus the
     # PSI messages when this run's alignment is the one that ran the PSI
     traffic += 0 if cached else psi.wire_bytes
@@ -218,20 +237,22 @@ def _align_at_party_b(
 
 
 def _align_json(
-    run_id: str, offered: list[bytes], transport: Transport
+    run_id: str, offered: list[bytes], transport: Transport, info: PsiInfo
 ) -> tuple[AlignmentOut, int]:
     """The JSON alignment (hex keys both ways); the answer and the bytes of both bodies."""
     request = AlignmentIn(hashed_ids=[k.hex() for k in offered])
+    _fits_body("the alignment", request.model_dump_json().encode(), len(offered), info)
     answer = transport.align(run_id, request.hashed_ids)
     return answer, len(request.model_dump_json()) + len(answer.model_dump_json())
 
 
 def _align_keys(
-    run_id: str, offered: list[bytes], transport: Transport
+    run_id: str, offered: list[bytes], transport: Transport, info: PsiInfo
 ) -> tuple[AlignmentOut, int]:
     """The binary alignment (shared.alignkeys): key prefixes up, a bitmap back."""
     request, ordered = request_for(offered)
     body = encode_align_request(request)
+    _fits_body("the alignment", body, len(offered), info)
     raw = transport.align_keys(run_id, body)
     try:
         reply = decode_align_reply(raw)

@@ -215,3 +215,36 @@ def test_serve_export_with_a_wrong_id_column_is_one_line(
     assert "no id column 'customer'" in wrong.stderr and "its columns: id, f00" in wrong.stderr
     assert missing.returncode == 0, missing.stderr  # the same rows under another id column
     assert right.returncode == 0, right.stderr
+
+
+def test_a_table_too_large_for_party_bs_body_limit_is_refused_before_the_psi(
+    tmp_path: Path,
+) -> None:
+    """The PSI request travels whole (35 bytes an id): over party B's max_body_bytes, party
+    A says so before sending anything, naming the setting, the value that takes it and how
+    many ids would fit, instead of a 413 that tells it to send a smaller body."""
+    from party_b.store.audit import AuditFilter, audit_entries
+
+    features, labels = demo_tables(tmp_path)
+    small = Settings(
+        data_dir=tmp_path / "b",
+        labels=labels,
+        tokens=f"a:{TOKEN}",
+        limits={"max_body_bytes": 16 * 1024},  # 569 ids make a 19,946-byte PSI request
+    )
+    app = create_app(small)
+    with live_server(app) as url:
+        refused = run_cli(
+            "a", "align", "--server", url, "--token", TOKEN, "--features", str(features),
+            "--state-dir", str(tmp_path / "a"),
+        )  # fmt: skip
+    with app.state.sessions() as db:
+        psi = audit_entries(db, AuditFilter(action="psi"))
+
+    assert refused.returncode == 2, refused.stderr
+    message = refused.stderr.strip()
+    assert "the PSI request for 569 ids is 19,946 bytes" in message, message
+    assert "party B's limit of 16,384 bytes" in message
+    assert "FEDLITE_B_LIMIT_MAX_BODY_BYTES to at least 24,042" in message
+    assert "at most about 467 ids" in message
+    assert psi == []  # nothing reached party B's PSI
