@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from party_a.bottom import StepResult
 from party_a.trainer import PartyATrainer
 from party_b.api import create_app
 from party_b.settings import Settings
@@ -68,14 +69,12 @@ def _wait_for(check: Any, what: str, timeout: float = 120.0) -> Any:
 
 @pytest.fixture
 def trained(tmp_path: Path) -> Iterator[tuple[str, PartyATrainer]]:
-    """Party B serving with the dashboard on, and a party A session on the breast data whose
-    steps take at least 25 ms each (so the page sees the run in training)."""
+    """Party B serving with the dashboard on, and a party A session on the breast data."""
     env = {"FEDLITE_B_DASHBOARD_TOKEN": OPERATOR}
     with breast_party_b(tmp_path / "party_b", {"alice": ALICE}, env=env) as server:
         _guest, host = breast_pair()
         config = breast_config("breast-dashboard", **{"run.steps": STEPS})
         trainer = make_trainer(tmp_path / "party_a", server.url, ALICE, host, config)
-        trainer.on_step = lambda _result, _summary: time.sleep(0.025)
         try:
             yield server.url, trainer
         finally:
@@ -88,6 +87,16 @@ def test_the_dashboard_draws_a_training_run_as_it_trains(
     url, trainer = trained
     screenshot = tmp_path / "dashboard.png"
     run_id = trainer.prepare().id
+    # the run waits at step 10 until the page has drawn a first curve, and at step 60 until
+    # it has drawn more: the page sees it in training whatever the machine's load
+    seen_first, seen_more = threading.Event(), threading.Event()
+    gates = {10: seen_first, 60: seen_more}
+
+    def gated(result: StepResult, _summary: object) -> None:
+        if result.step in gates:
+            gates[result.step].wait(timeout=240)
+
+    trainer.on_step = gated
     training = threading.Thread(target=trainer.train)
     with browser_page() as page:
         watch = PageWatch(origin=url).attach(page)
@@ -98,10 +107,13 @@ def test_the_dashboard_draws_a_training_run_as_it_trains(
             first, state = _wait_for(
                 lambda: (s := _chart_and_badge(page, run_id))[0] >= 5 and s, "a first curve"
             )
+            seen_first.set()
             later, later_state = _wait_for(
                 lambda: (s := _chart_and_badge(page, run_id))[0] > first + 20 and s, "more steps"
             )
         finally:
+            seen_first.set()
+            seen_more.set()
             training.join(timeout=300)
         trainer.evaluate("train")
         trainer.evaluate("eval")
