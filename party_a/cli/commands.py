@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from party_a.cli.options import connection, local_runs, run_not_found, session_from_args
-from party_a.cli.report import privacy_lines, progress, summary_rows
+from party_a.cli.report import privacy_lines, progress, summary_rows, true_label_estimates
 from party_a.errors import ConfigError, RunNotFound
 from party_a.phases import phase
 from party_a.session import open_state
@@ -257,11 +257,22 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    with session_from_args(args, create=False) as (trainer, _remote):
+    """One JSON line: the split's loss and metrics as party B computed them; under party B's
+    label DP they are on the run's randomized labels ("labels": "randomized"), and the
+    held-out split's also come with estimates of the true-label ones, as ``train`` shows."""
+    with session_from_args(args, create=False) as (trainer, remote):
         phase("evaluating the %s split", args.split)
         answer = trainer.evaluate(args.split, raw=args.raw)
     split = f"{args.split}+raw" if args.raw else args.split
-    shown = {"split": split, "n": answer.n, "loss": answer.loss, **answer.metrics}
+    shown: dict[str, object] = {"split": split, "n": answer.n, "loss": answer.loss}
+    shown |= answer.metrics
+    privacy = remote.privacy if remote is not None else None
+    if privacy is not None:
+        shown["labels"] = "randomized" if privacy.label_dp else "true"
+    if args.split == "eval":
+        estimates = true_label_estimates(answer.metrics, remote, answer.n)
+        if estimates:
+            shown["true_label_estimates"] = {k: vars(e) for k, e in estimates.items()}
     # a value party B withholds (NaN) is null: JSON has no NaN, and "NaN" breaks parsers
     print(json.dumps(_json_number(shown)))
     return 0

@@ -30,6 +30,7 @@ __all__ = [
     "privacy_text",
     "progress",
     "summary_rows",
+    "true_label_estimates",
 ]
 
 NOT_YET = "-"
@@ -165,33 +166,38 @@ def summary_rows(
         rows += [(k.replace("_", " "), loss_text(v)) for k, v in metrics.items()]
         return rows
     rows.append(("label privacy", privacy_text(privacy)))
+    estimates = true_label_estimates(
+        {k.removeprefix("eval_"): v for k, v in metrics.items()}, run, evaluated
+    )
     for key, value in metrics.items():
         if key == "eval_label_rate":  # what the estimates read; not a metric of the model
             continue
         rows.append((f"{key.replace('_', ' ')} (randomized labels)", loss_text(value)))
-        estimate = _true_estimate(key, metrics, privacy, run, evaluated)
+        estimate = estimates.get(key.removeprefix("eval_"))
         if estimate is not None:
             rows.append((f"{key.replace('_', ' ')}, true labels (estimate)", _interval(estimate)))
     return rows
 
 
-def _true_estimate(
-    key: str,
-    metrics: dict[str, float],
-    privacy: "RunPrivacyOut",
-    run: "RunOut | None",
-    evaluated: int,
-) -> Estimate | None:
-    """The held-out metric ``key``'s true-label estimate, where one can be made."""
-    keep = privacy.label_keep
-    if keep is None or run is None or not evaluated:
-        return None
-    if key == "eval_accuracy":
-        return true_accuracy(metrics[key], keep=keep, classes=run.num_classes, n=evaluated)
-    if key == "eval_auc" and "eval_label_rate" in metrics:
-        rate = metrics["eval_label_rate"]
-        return true_auc(metrics[key], keep=keep, label_rate=rate, n=evaluated)
-    return None
+def true_label_estimates(
+    metrics: dict[str, float], run: "RunOut | None", n: int
+) -> dict[str, Estimate]:
+    """Estimates of the true-label ``accuracy`` and ``auc`` of ``n`` held-out rows whose
+    ``metrics`` (as party B names them, ``label_rate`` included) are on the run's randomized
+    labels; empty where the run has no label DP or nothing can be estimated. Only for rows
+    the model was not trained on (``party_a.debiased``): the held-out split."""
+    privacy = run.privacy if run is not None else None
+    if run is None or privacy is None or not privacy.label_dp or privacy.label_keep is None:
+        return {}
+    keep, estimates = privacy.label_keep, {}
+    if n and "accuracy" in metrics:
+        estimates["accuracy"] = true_accuracy(
+            metrics["accuracy"], keep=keep, classes=run.num_classes, n=n
+        )
+    if n and "auc" in metrics and "label_rate" in metrics:
+        rate = metrics["label_rate"]
+        estimates["auc"] = true_auc(metrics["auc"], keep=keep, label_rate=rate, n=n)
+    return {k: v for k, v in estimates.items() if v is not None}
 
 
 def _interval(estimate: Estimate) -> str:

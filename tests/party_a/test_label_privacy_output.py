@@ -46,6 +46,10 @@ def test_train_under_the_default_says_label_dp_is_on_and_estimates_the_true_metr
         assert ran.returncode == 0, ran.stderr
         run_id = re.search(r"run (\w{32}) ", ran.stderr)
         assert run_id is not None
+        evaluated = run_cli(
+            "a", "evaluate", "--server", url, "--token", TOKEN, "--features", str(features),
+            "--config", str(DEMO_CONFIG), "--state-dir", str(tmp_path / "a"),
+        )  # fmt: skip
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
             party_a_view = client.get(f"/v1/runs/{run_id[1]}/evaluations").json()
             run = client.get(f"/v1/runs/{run_id[1]}").json()
@@ -71,11 +75,21 @@ def test_train_under_the_default_says_label_dp_is_on_and_estimates_the_true_metr
     assert estimate is not None, ran.stderr
     # ... and party B's operator sees the true-label metrics of that evaluation
     assert operator.returncode == 0, operator.stderr
-    (line,) = [json.loads(x) for x in operator.stdout.splitlines()]
+    # train's evaluation, then fedlite-a evaluate's, of the same model
+    line, repeated = [json.loads(x) for x in operator.stdout.splitlines()]
+    assert repeated["party_a"] == line["party_a"]
     truth = line["true_labels"]["auc"]
     assert line["party_a"]["auc"] == pytest.approx(randomized, abs=1e-4)
     assert truth > randomized  # the randomized labels understate the model
     assert float(estimate[2]) <= truth  # the interval's low end holds the truth
+    # fedlite-a evaluate says the same: randomized labels, and the estimate beside them
+    assert evaluated.returncode == 0, evaluated.stderr
+    again = json.loads(evaluated.stdout)
+    assert again["labels"] == "randomized" and again["auc"] == pytest.approx(randomized, abs=1e-4)
+    assert again["true_label_estimates"]["auc"]["value"] == pytest.approx(
+        float(estimate[1]), abs=1e-4
+    )
+    assert again["true_label_estimates"]["auc"]["low"] <= truth
     assert json.loads(shown.stdout)["evaluations"][0]["true_labels"]["auc"] == truth
     # what party A can read of the run is on the randomized labels only
     assert party_a_view[0]["metrics"]["auc"] == line["party_a"]["auc"]
