@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
-from api_schemas import ProblemType
+from api_schemas import FeatureParty, ProblemType
 from party_a.alignment import AlignedData
 from party_a.bottom import BottomTrainer
 from party_a.errors import ConfigError, ProblemResponse
@@ -156,9 +156,10 @@ def request_bounds(run: RunView, wanted: int | None = None, *, ask: bool) -> Req
     ``batch_size`` rows than a message may hold.
 
     The feature parties of a run must cut one list at the same ids, whatever each one's
-    width and activations: each asks party B's limits and caps the size by the body that
-    the run's widest raw activations would take (``codec.predict_ids_within``, PROTOCOL.md
-    12.8), instead of halving its own requests when one is too large."""
+    width and activations: each asks party B's limits and caps the size by the largest body
+    any party's request could take (``codec.predict_ids_within`` over the run's parties,
+    PROTOCOL.md 12.8), and none halves its own requests when one is too large
+    (``_predict_request``)."""
     ask = ask or run.party is not None
     info = run.transport.psi_info() if ask else None
     limit = info.max_batch if info is not None else None
@@ -175,10 +176,22 @@ def request_bounds(run: RunView, wanted: int | None = None, *, ask: bool) -> Req
     ids = max(1, min(bound, run.batch_size * codec.DEFAULT_LIMITS.max_chunks))
     body_bytes = info.max_body_bytes if info is not None else None
     if run.party is not None and body_bytes is not None:
-        parties = run.transport.get_run(run.local.remote_id).config.parties or []
-        widest = max(party.cut_dim for party in parties)
-        ids = min(ids, codec.predict_ids_within(body_bytes, widest))
+        config = run.transport.get_run(run.local.remote_id).config
+        if not config.parties:
+            raise ConfigError("party B's run names no feature parties: train it without party")
+        parties = [_wire_width(party) for party in config.parties]
+        ids = min(ids, codec.predict_ids_within(body_bytes, parties, config.batch_size))
     return RequestBounds(ids=ids, body_bytes=body_bytes)
+
+
+def _wire_width(party: FeatureParty) -> tuple[int, int]:
+    """A feature party's (d, c) for ``codec.predict_ids_within``: its cut width and the
+    floats of the codebook each of its chunks carries (R * L * d / q; 0 for raw)."""
+    quantizer = party.quantizer
+    if quantizer.mode != "pq":
+        return party.cut_dim, 0
+    assert quantizer.q is not None and quantizer.L is not None  # the spec's own validation
+    return party.cut_dim, quantizer.R * quantizer.L * (party.cut_dim // quantizer.q)
 
 
 def check_ids(features: FeatureTable, common: set[str], ids: Sequence[str]) -> dict[str, int]:
@@ -259,6 +272,7 @@ def _predict_request(
         codebook_dtype=run.bottom.codebook_dtype,
     )
     if bounds.body_bytes is not None and len(body) > bounds.body_bytes and len(ids) > 1:
+        _cut_alone(run, f"{len(body):,} bytes, over party B's limit of {bounds.body_bytes:,}")
         raise _TooLarge(len(ids) // 2)  # raw activations of a wide cut layer: 4·d bytes a row
     try:
         answer = codec.decode_predict_response(run.transport.predict(run.local.remote_id, body))
@@ -266,8 +280,22 @@ def _predict_request(
         smaller = _size_named(refused, len(ids))
         if smaller is None:
             raise
+        if refused.type == ProblemType.PAYLOAD_TOO_LARGE:
+            _cut_alone(run, f"refused by party B as too large ({refused.detail})")
         raise _TooLarge(smaller) from None
     return codec.PredictResponse(ids=ids, scores=answer.scores)
+
+
+def _cut_alone(run: RunView, why: str) -> None:
+    """A party of several may not cut its request smaller on its own: the others would wait
+    for ids it no longer sends. ConfigError for such a run; nothing for a run of one."""
+    if run.party is not None:
+        raise ConfigError(
+            f"a predict request of this party is {why}: in a run with several feature "
+            "parties every party must cut the list alike, so pass the same smaller "
+            "--chunk-size to every party, or ask party B's operator to raise "
+            "FEDLITE_B_LIMIT_MAX_BODY_BYTES"
+        )
 
 
 def _size_named(refused: ProblemResponse, sent: int) -> int | None:

@@ -25,6 +25,8 @@ raw activations, gradients and scores may be float16 (encoder keyword options). 
 always return writable float32 arrays.
 """
 
+from collections.abc import Sequence
+
 from shared.types import DIGEST_BYTES, MAX_STEP, WireFloat
 from shared.wire.activations import (
     Activations,
@@ -248,23 +250,31 @@ def decode_evaluate_response(
 # ------------------------------------------------------------------------------------------
 
 
-# A PredictRequest's bytes, at most, where its activations are raw float32 (the largest
-# they travel as; docs/PROTOCOL.md 12.8): per id the key (a msgpack str of 64 hex
-# characters, 66 bytes), its row of d float32 values and a chunk's header (about 25 bytes,
-# the worst case being a chunk of one row); per request the envelope (1 KiB of headroom).
+# A PredictRequest's bytes, at most (docs/PROTOCOL.md 12.8): per id the key (a msgpack str
+# of 64 hex characters, 66 bytes), a chunk's header (about 25 bytes, the worst case being a
+# chunk of one row) and its row, at most d float32 values (raw; PQ codewords take less); per
+# chunk of the run's batch_size rows its codebook, if any (R*L*d/q float32 values, every
+# chunk carrying the whole frozen codebook); per request the envelope (1 KiB of headroom).
 PREDICT_BYTES_PER_ID = 66 + 32
 PREDICT_FRAME_BYTES = 1024
 
 
-def predict_ids_within(body_bytes: int, widest_cut: int) -> int:
-    """Ids per predict request such that raw float32 activations of width ``widest_cut``
-    fit a body of ``body_bytes`` (party B's ``max_body_bytes``); at least 1.
+def predict_ids_within(body_bytes: int, parties: Sequence[tuple[int, int]], batch_size: int) -> int:
+    """Ids per predict request such that every party's request fits a body of
+    ``body_bytes`` (party B's ``max_body_bytes``); at least 1.
 
-    The feature parties of a run cut a long list by this one rule, from the same two numbers
-    (``PsiInfo.max_body_bytes``, the widest ``cut_dim`` of the run's parties), so that their
-    requests name the same ids whatever each sends (PROTOCOL.md 12.8)."""
-    per_id = PREDICT_BYTES_PER_ID + 4 * widest_cut
-    return max(1, (body_bytes - PREDICT_FRAME_BYTES) // per_id)
+    ``parties``: each feature party's ``(d, c)``, its cut width and its codebook's floats
+    (``R * L * d / q``; 0 for raw activations); ``batch_size``: rows per chunk (the run's).
+    A request of n ids takes at most n (98 + 4 d) + ceil(n / B) 4 c + 1024 bytes, which is
+    at most n (98 + 4 d + 4 c / B) + 4 c + 1024: n is the largest that keeps this within
+    ``body_bytes`` for every party. The feature parties of a run cut a long list by this one
+    rule, from the same numbers (``PsiInfo.max_body_bytes``, the run's ``parties`` and
+    ``batch_size``), so that their requests name the same ids whatever each sends."""
+    fits = []
+    for d, c in parties:
+        room = body_bytes - PREDICT_FRAME_BYTES - 4 * c
+        fits.append(room * batch_size // ((PREDICT_BYTES_PER_ID + 4 * d) * batch_size + 4 * c))
+    return max(1, min(fits, default=1))
 
 
 def encode_predict_request(

@@ -177,13 +177,23 @@ def test_the_text_alone_fuses_the_parties_and_slices_their_gradients() -> None:
 
 
 def test_the_text_alone_cuts_a_predict_list_as_every_party_does() -> None:
-    """Section 12.8's rule, in integers: n = max(1, (max_body_bytes - 1024) // (98 + 4 d_max))
-    ids a request, the list cut into requests of n in order."""
+    """Section 12.8's rule, in integers: for each party p, n_p = (max_body_bytes - 1024 -
+    4 c_p) * B // ((98 + 4 d_p) * B + 4 c_p); n = max(1, the least n_p) ids a request, the
+    list cut into requests of n in order."""
     cut = [case for case in _cases("parties") if "max_body_bytes" in case["input"]]
-    assert len(cut) == 3
+    assert len(cut) == 4
     for case in cut:
         given, output = case["input"], case["output"]
-        n = max(1, (given["max_body_bytes"] - 1024) // (98 + 4 * max(given["cut_dims"])))
+        body, batch = given["max_body_bytes"], given["batch_size"]
+        n = max(
+            1,
+            min(
+                (body - 1024 - 4 * p["codebook_floats"])
+                * batch
+                // ((98 + 4 * p["cut_dim"]) * batch + 4 * p["codebook_floats"])
+                for p in given["parties"]
+            ),
+        )
         sizes = [min(n, given["ids"] - at) for at in range(0, given["ids"], n)]
         assert (n, sizes) == (output["ids_per_request"], output["requests"]), case["name"]
 

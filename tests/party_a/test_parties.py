@@ -253,7 +253,7 @@ def test_parties_of_different_widths_cut_a_long_raw_predict_at_the_same_ids(
 ) -> None:
     """A predict list too long for one body of the wide party's raw activations (64 floats
     an id) but not of the narrow one's (8): every party cuts the list by one rule from the
-    run's widest cut and party B's body limit, so their parts name the same ids and meet."""
+    run's parties and party B's body limit, so their parts name the same ids and meet."""
     labels = write_party_b_demo(tmp_path / "labels.csv")
     settings = Settings(
         data_dir=tmp_path / "b",
@@ -304,5 +304,6 @@ def test_parties_of_different_widths_cut_a_long_raw_predict_at_the_same_ids(
     cut: dict[str, list[int | None]] = {}
     for row in rows:
         cut.setdefault(row.actor, []).append(row.ids)
-    # (64 KiB - 1 KiB) // (98 + 4 x 64) = 182 ids a request, for both
-    assert sorted(cut.values()) == [[182, 118], [182, 118]], cut
+    # wide (d = 64, a codebook of 64 floats a chunk of 32 rows) bounds both:
+    # (65,536 - 1,024 - 256) x 32 // ((98 + 256) x 32 + 256) = 177 ids a request
+    assert sorted(cut.values()) == [[177, 123], [177, 123]], cut

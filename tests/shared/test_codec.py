@@ -1302,16 +1302,31 @@ def test_encoded_size_matches_the_documented_formula(case: tuple[bool, object]):
     assert len(encoded) == documented_size(message, 2 if half else 4)
 
 
-@pytest.mark.parametrize(("d", "rows_per_chunk"), [(1, 1), (8, 1), (64, 32), (300, 7)])
+@pytest.mark.parametrize(
+    ("d", "rows_per_chunk", "codebook"),
+    [(1, 1, None), (8, 1, None), (64, 32, None), (300, 7, None), (64, 32, (1, 512, 8)),
+     (64, 16, (1, 256, 8)), (32, 1, (4, 16, 2)), (48, 5, (2, 4, 6))],
+)  # fmt: skip
 def test_a_predict_request_of_the_ids_the_cut_rule_allows_fits_the_body(
-    d: int, rows_per_chunk: int
+    d: int, rows_per_chunk: int, codebook: tuple[int, int, int] | None
 ) -> None:
-    """PROTOCOL.md 12.8: ``predict_ids_within(body, d)`` ids of raw float32 rows, cut into
-    chunks of any size, encode to at most ``body`` bytes."""
-    body = 20_000
-    n = predict_ids_within(body, d)
-    rows = np.full((n, d), 1.5, dtype=np.float32)
-    chunks = [RawActivations(rows[at : at + rows_per_chunk]) for at in range(0, n, rows_per_chunk)]
+    """PROTOCOL.md 12.8: ``predict_ids_within`` ids, raw float32 rows or PQ codewords with
+    the whole (R, L, d/q) codebook in every chunk of ``rows_per_chunk`` rows (large ones
+    too: more centroids than a chunk has rows), encode to at most the body's bytes."""
+    body = 120_000
+    c = 0 if codebook is None else codebook[0] * codebook[1] * codebook[2]
+    n = predict_ids_within(body, [(d, c), (1, 0)], rows_per_chunk)
+    rng = np.random.default_rng(d)
+    chunks: list[Activations] = []
+    for at in range(0, n, rows_per_chunk):
+        rows = min(rows_per_chunk, n - at)
+        if codebook is None:
+            chunks.append(RawActivations(rng.standard_normal((rows, d)).astype(np.float32)))
+        else:
+            r, L, sub = codebook
+            words = rng.integers(0, L, (rows, d // sub))
+            book = rng.standard_normal((r, L, sub)).astype(np.float32)
+            chunks.append(PQActivations(codebook=book, codewords=words))
     message = PredictRequest(ids=["ab" * 32] * n, chunks=chunks)
     assert n > 1 and len(encode_predict_request(message)) <= body
-    assert predict_ids_within(body, 10**9) == 1  # never zero: one id a request at least
+    assert predict_ids_within(body, [(10**9, 0)], 32) == 1  # never zero: one id at least

@@ -629,8 +629,9 @@ def parties_cases() -> tuple[str, str, list[Case]]:
         "float32. The run case: a RunCreate with parties as a client sends it, and the config "
         "party B stores and echoes in RunOut.config (fusion, every party's downlink and the "
         "fused cut_dim filled in). The predict cut cases (section 12.8): party B's "
-        "max_body_bytes, the run's parties' cut_dim, and a list's length; the ids a request "
-        "every party sends, and the sizes of the requests the list travels in."
+        "max_body_bytes, the run's batch_size, each party's cut_dim and codebook floats a "
+        "chunk (R * L * cut_dim / q for PQ, 0 for raw), and a list's length; the ids a "
+        "request every party sends, and the sizes of the requests the list travels in."
     )
     z = [
         [[1.0, 2.0], [3.0, 4.0]],
@@ -670,13 +671,23 @@ def parties_cases() -> tuple[str, str, list[Case]]:
     }
     stored = RunCreate.model_validate(spec).model_dump(mode="json")
     cases.append(_case("a RunCreate with two parties", {"RunCreate": spec}, {"config": stored}))
-    for body, widths, length in [(65_536, [8, 64], 300), (64 * 2**20, [9216, 16], 10_000),
-                                 (1024, [9216], 3)]:  # fmt: skip
-        per_request = codec.predict_ids_within(body, max(widths))
+    for body, parties, batch, length in [
+        (65_536, [(8, 0), (64, 0)], 32, 300),  # raw activations, both parties
+        (65_536, [(8, 8), (64, 64)], 32, 300),  # PQ q = 4, L = 4: R * L * d / q = 8 and 64
+        (64 * 2**20, [(9216, 16), (16, 0)], 20, 10_000),  # FEMNIST's q = 1152, L = 2; raw
+        (1024, [(9216, 0)], 32, 3),  # not even one id fits: one a request
+    ]:
+        per_request = codec.predict_ids_within(body, parties, batch)
         sizes = [min(per_request, length - at) for at in range(0, length, per_request)]
-        given = {"max_body_bytes": body, "cut_dims": widths, "ids": length}
+        given = {
+            "max_body_bytes": body,
+            "batch_size": batch,
+            "parties": [{"cut_dim": d, "codebook_floats": c} for d, c in parties],
+            "ids": length,
+        }
         output = {"ids_per_request": per_request, "requests": sizes}
-        cases.append(_case(f"predict cut, {body} bytes, widths {widths}", given, output))
+        name = f"predict cut, {body} bytes, parties {parties}, batch {batch}"
+        cases.append(_case(name, given, output))
     return "Several feature parties", about, cases
 
 
