@@ -32,6 +32,7 @@ from shared.psi import (
     dataset_digest,
     decode_psi_reply,
     encode_psi_request,
+    psi_request_bytes,
 )
 
 __all__ = [
@@ -98,9 +99,10 @@ def _one_psi(
     ids: list[str], transport: Transport, info: PsiInfo
 ) -> tuple[list[str], PsiReply, int]:
     """One PSI round trip: the common ids, party B's reply, the bytes of both messages."""
+    # told before the PSI's work (about 80 us an id), from the request's exact size
+    _fits_body("the PSI request", psi_request_bytes(len(ids)), len(ids), "a table", info)
     client = PsiClient(ids)
     body = encode_psi_request(PsiRequest(request=client.request()))
-    _fits_body("the PSI request", body, len(ids), info)
     try:
         raw_reply = transport.psi(body)
         reply = decode_psi_reply(raw_reply)
@@ -110,19 +112,18 @@ def _one_psi(
     return common, reply, len(body) + len(raw_reply)
 
 
-def _fits_body(what: str, body: bytes, ids: int, info: PsiInfo) -> None:
-    """ConfigError, before anything is sent, when ``body`` for ``ids`` ids is over party B's
-    ``max_body_bytes``: it names the setting, the value that would take it and how many ids
-    fit, since no retry and no smaller request can help (the PSI and the alignment travel
-    whole)."""
-    size, limit = len(body), info.max_body_bytes
+def _fits_body(what: str, size: int, ids: int, of: str, info: PsiInfo) -> None:
+    """ConfigError, before anything is sent, when ``what`` (``size`` bytes for ``ids`` ids)
+    is over party B's ``max_body_bytes``: it names the setting, the value that would take it
+    and how many ids fit (``of``: "a table", "an intersection"), since no retry and no
+    smaller request can help (the PSI and the alignment travel whole)."""
+    limit = info.max_body_bytes
     if limit is None or size <= limit:
         return
-    fit = int(ids * (limit / size))
     raise ConfigError(
         f"{what} for {ids:,} ids is {size:,} bytes, over party B's limit of {limit:,} bytes a "
         f"request: party B's operator raises FEDLITE_B_LIMIT_MAX_BODY_BYTES to at least "
-        f"{size + 4096:,}, or align a table of at most about {fit:,} ids"
+        f"{size:,}, or align {of} of at most about {int(ids * (limit / size)):,} ids"
     )
 
 
@@ -241,7 +242,9 @@ def _align_json(
 ) -> tuple[AlignmentOut, int]:
     """The JSON alignment (hex keys both ways); the answer and the bytes of both bodies."""
     request = AlignmentIn(hashed_ids=[k.hex() for k in offered])
-    _fits_body("the alignment", request.model_dump_json().encode(), len(offered), info)
+    # {"hashed_ids":["<64 hex>",...]}: 67 bytes a key and 16 around them
+    size = 67 * len(offered) + 16
+    _fits_body("the alignment", size, len(offered), "an intersection", info)
     answer = transport.align(run_id, request.hashed_ids)
     return answer, len(request.model_dump_json()) + len(answer.model_dump_json())
 
@@ -252,7 +255,7 @@ def _align_keys(
     """The binary alignment (shared.alignkeys): key prefixes up, a bitmap back."""
     request, ordered = request_for(offered)
     body = encode_align_request(request)
-    _fits_body("the alignment", body, len(offered), info)
+    _fits_body("the alignment", len(body), len(offered), "an intersection", info)
     raw = transport.align_keys(run_id, body)
     try:
         reply = decode_align_reply(raw)

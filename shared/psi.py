@@ -64,6 +64,7 @@ __all__ = [
     "encode_psi_reply",
     "encode_psi_request",
     "new_server_key",
+    "psi_request_bytes",
 ]
 
 PSI_PROTOCOL: Final = "ecdh-psi/p256/openmined-psi-2/raw"  # named in GET /v1/psi
@@ -116,6 +117,16 @@ class PsiReply:
 
 def encode_psi_request(message: PsiRequest) -> bytes:
     return pack(MessageType.PSI_REQUEST, {"request": message.request})
+
+
+def psi_request_bytes(ids: int) -> int:
+    """The exact size of the encoded PsiRequest for ``ids`` distinct ids, known before the
+    PSI's work: the library's protobuf carries each blinded id as a compressed P-256 point
+    (33 bytes) behind its field tag and length (2), then the reveal_intersection flag (2);
+    the envelope wraps it in a msgpack bin, whose header grows with its length."""
+    inner = 35 * ids + 2
+    header = 2 if inner < 1 << 8 else 3 if inner < 1 << 16 else 5
+    return len(encode_psi_request(PsiRequest(request=b""))) - 2 + header + inner
 
 
 def decode_psi_request(data: bytes, *, limits: DecodeLimits = DEFAULT_LIMITS) -> PsiRequest:

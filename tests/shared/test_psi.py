@@ -40,6 +40,7 @@ from shared.psi import (
     encode_psi_reply,
     encode_psi_request,
     new_server_key,
+    psi_request_bytes,
 )
 from tests.utils.party_a import breast_config
 from tests.utils.servers import PartyBProcess
@@ -379,3 +380,12 @@ def test_party_a_reports_a_reply_that_does_not_fit_its_request() -> None:
         PsiClient(_ids("id", range(4))).intersection(server.setup, response)
     with pytest.raises(PsiError, match="not a PSI reply"):
         PsiClient(_ids("id", range(3))).intersection(b"\xff\xff", response)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 569, 1872, 1873])
+def test_a_psi_requests_size_is_known_before_its_work(n: int) -> None:
+    """Party A checks the request against party B's body limit before blinding a million
+    ids: the size it computes is the encoded request's, across the msgpack bin headers
+    (bin8 up to 7 ids, bin16 up to 1,872, bin32 above)."""
+    request = PsiClient([f"id-{i}" for i in range(n)]).request()
+    assert psi_request_bytes(n) == len(encode_psi_request(PsiRequest(request=request)))
