@@ -20,7 +20,14 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["MALLOC_TUNING", "child_process", "free_port", "local_party_b", "wait_until_healthy"]
+__all__ = [
+    "MALLOC_TUNING",
+    "child_process",
+    "free_port",
+    "local_party_b",
+    "reserve_port",
+    "wait_until_healthy",
+]
 
 # glibc returns freed buffers above 128 KiB to the OS and faults them back in on the next
 # request (~2.4 us per 4 KiB page here); a 737 KB gradient per step pays that every time.
@@ -32,25 +39,41 @@ _handed_out: set[int] = set()  # ports this process gave away: never the same on
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on (at the moment of asking), below the
-    kernel's ephemeral range (32768 up) and never one this process handed out before.
+    """A TCP port on 127.0.0.1 that nothing listens on (at the moment of asking), from
+    20000-31999, below the ephemeral range of common kernels (32768 up), and never one this
+    process handed out or reserved before.
 
     Why not port 0's choice: a child binds its port only after its imports and warm-up,
     seconds later, and meanwhile the kernel may give that port to an outgoing connection
     (a replica failed with "address already in use"); and two calls in a row may get the
-    same port back before either is bound."""
+    same port back before either is bound. Falls back to port 0's choice if 1,000 draws find
+    nothing free."""
     rng = random.SystemRandom()
-    while True:
+    for _ in range(1000):
         port = rng.randrange(20000, 32000)
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
+            return port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    _handed_out.add(port)
+    return port
+
+
+def reserve_port(port: int) -> None:
+    """Never hand out ``port``: a port this process was given to listen on later (the
+    stack's balancer port, chosen by the process that started it)."""
+    _handed_out.add(port)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @contextmanager

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from party_b.ops.certs import HOP_SUBJECT, StackCertificates, stack_certificates
-from party_b.ops.launch import MALLOC_TUNING, free_port, wait_until_healthy
+from party_b.ops.launch import MALLOC_TUNING, free_port, reserve_port, wait_until_healthy
 from party_b.token_text import new_token
 
 __all__ = [
@@ -300,9 +300,12 @@ class LocalStack:
 
     def _start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.port:  # the balancer's port, chosen by whoever started us: none of ours
+            reserve_port(self.port)
+        else:
+            self.port = free_port()
         if self.database_url is None:
             self.database_url = self._stack.enter_context(local_postgres(free_port()))
-        self.port = self.port or free_port()
         if self.mutual_tls and self.certificates is None:
             self.certificates = stack_certificates(self.state_dir / "tls")
         for i in range(1, self.replicas + 1):
