@@ -395,8 +395,7 @@ def render() -> str:
             floor_locust_table,
         ),
         (
-            "Small steps under locust against f352584, steps matched first (issue 36, third "
-            "round)",
+            "Small steps under locust against f352584, steps matched first (issue 36, third round)",
             "floor-locust-routes",
             floor_locust_table,
         ),

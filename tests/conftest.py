@@ -98,12 +98,14 @@ def _pin_secrets(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     )
 
 
-@pytest.fixture(scope="session", autouse=True)
-def pinned_privacy_secrets_of_shared_fixtures() -> Iterator[None]:
-    """As ``pinned_privacy_secrets``, for the runs of fixtures wider than a test (a module's
-    party B, set up before any test's own fixtures): never the operating system's bytes."""
+@pytest.fixture(scope="module", autouse=True)
+def pinned_privacy_secrets_of_module_fixtures(request: pytest.FixtureRequest) -> Iterator[None]:
+    """As ``pinned_privacy_secrets``, for the runs a module's own fixtures create (set up
+    before any test's fixtures), from a sequence named by the module: the same whichever
+    tests ran before. A party B in a subprocess draws its own secrets; tests that compare
+    its runs to the bit turn label DP off."""
     with pytest.MonkeyPatch.context() as patch:
-        _pin_secrets(patch, "shared run")
+        _pin_secrets(patch, f"{request.module.__name__} run")
         yield
 
 
