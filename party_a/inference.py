@@ -178,7 +178,7 @@ def request_bounds(run: RunView, wanted: int | None = None, *, ask: bool) -> Req
     if run.party is not None and body_bytes is not None:
         config = run.transport.get_run(run.local.remote_id).config
         if not config.parties:
-            raise ConfigError("party B's run names no feature parties: train it without party")
+            raise ConfigError("party B's run names no feature parties: use it without --party")
         parties = [_wire_width(party) for party in config.parties]
         ids = min(ids, codec.predict_ids_within(body_bytes, parties, config.batch_size))
     return RequestBounds(ids=ids, body_bytes=body_bytes)
