@@ -94,7 +94,7 @@ def test_locust_smoke_against_a_fresh_party_b_meets_its_slo(tmp_path: Path) -> N
     ]  # fmt: skip
 
     # a bound for a hang, not a speed: party B's start-up and the alignment come first
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads(out.read_text())
