@@ -29,19 +29,23 @@ from tests.utils.small_runs import TOKEN
 COLUMNS = {"left": (0, 7), "middle": (7, 14), "right": (14, 20)}
 
 
-@pytest.fixture
-def party_b(tmp_path: Path) -> Iterator[tuple[FastAPI, str]]:
+def _settings(tmp_path: Path, **overrides: Any) -> Settings:
+    """Party B on the demo labels, one owner token. Label privacy off (public data): the
+    evaluations are on the true labels, and the training rows are scored; under label DP
+    they are on each run's randomized labels (tests/party_b/service/test_one_path.py)."""
     labels = write_party_b_demo(tmp_path / "labels.csv")
-    # label privacy off (public data): the evaluations are on the true labels, and the
-    # training rows are scored; under label DP they are on each run's randomized labels
-    # (tests/party_b/service/test_one_path.py)
-    settings = Settings(
+    return Settings(
         data_dir=tmp_path / "b",
         labels=labels,
         tokens=f"owner:{TOKEN}",
         privacy="off,predict_train_ids=true",
+        **overrides,
     )
-    app = create_app(settings)
+
+
+@pytest.fixture
+def party_b(tmp_path: Path) -> Iterator[tuple[FastAPI, str]]:
+    app = create_app(_settings(tmp_path))
     with live_server(app) as url:
         yield app, url
 
@@ -254,15 +258,8 @@ def test_parties_of_different_widths_cut_a_long_raw_predict_at_the_same_ids(
     """A predict list too long for one body of the wide party's raw activations (64 floats
     an id) but not of the narrow one's (8): every party cuts the list by one rule from the
     run's parties and party B's body limit, so their parts name the same ids and meet."""
-    labels = write_party_b_demo(tmp_path / "labels.csv")
-    settings = Settings(
-        data_dir=tmp_path / "b",
-        labels=labels,
-        tokens=f"owner:{TOKEN}",
-        privacy="off,predict_train_ids=true",
-        limits={"max_body_bytes": 64 * 1024},  # the alignment (563 ids) fits in one
-    )
-    app = create_app(settings)
+    # the alignment (563 ids) fits in one body
+    app = create_app(_settings(tmp_path, limits={"max_body_bytes": 64 * 1024}))
     columns = {"narrow": (0, 10), "wide": (10, 20)}
     tables = feature_tables(tmp_path / "a", columns)
     configs = {
