@@ -212,12 +212,14 @@ def allowed(action: Action, *, party: bool = False) -> Any:
     return Depends(_PartyAllowed(action) if party else _Allowed(action))
 
 
-def _current(request: Request) -> Caller:
+# async, as every dependency here: FastAPI runs a plain ``def`` dependency in a worker
+# thread, two thread wake-ups per request for an attribute read (docs/PERFORMANCE.md)
+async def _current(request: Request) -> Caller:
     caller: Caller = request.state.caller
     return caller
 
 
-def _service(request: Request) -> Service:
+async def _service(request: Request) -> Service:
     service: Service = request.app.state.service
     return service
 

@@ -34,8 +34,13 @@ class OperatorCredential:
         given = hashlib.sha256(candidate.encode("utf-8")).digest()
         return hmac.compare_digest(given, self._digest)
 
-    def __call__(self, request: Request) -> None:
-        """The FastAPI dependency: 401 problem+json unless the request carries the credential."""
+    async def __call__(self, request: Request) -> None:
+        """The FastAPI dependency (async: a plain ``def`` dependency would go to a worker
+        thread and back): ``check``."""
+        self.check(request)
+
+    def check(self, request: Request) -> None:
+        """401 problem+json unless the request carries the credential."""
         scheme, _, credential = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not credential.strip():
             raise ProblemError(

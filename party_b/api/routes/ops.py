@@ -73,7 +73,7 @@ async def prometheus(request: Request) -> Response:
     body = generate_latest(request.app.state.metrics.registry)
     operator = request.app.state.operator
     if operator is not None:
-        operator(request)  # 401 problem+json without the operator's credential
+        operator.check(request)  # 401 problem+json without the operator's credential
         # in a thread: the per-run metrics query the store (party_b.dashboard.prometheus)
         body += await anyio.to_thread.run_sync(generate_latest, request.app.state.run_registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
