@@ -399,7 +399,36 @@ def render() -> str:
             "floor-locust-routes",
             floor_locust_table,
         ),
+        (
+            "The per-step floor, dependencies on the event loop against efa9d4c (issue 36, "
+            "fourth round)",
+            "floor-async-deps",
+            floor_table,
+        ),
+        (
+            "Where a step's time goes, dependencies on the event loop (issue 36, fourth round)",
+            "floor-async-deps",
+            floor_breakdown_table,
+        ),
+        (
+            "Small steps under locust against f352584, dependencies on the event loop (issue "
+            "36, fourth round)",
+            "floor-locust-async-deps",
+            floor_locust_table,
+        ),
+        (
+            "Small steps under locust against f352584, dependencies on the event loop, "
+            "second run (issue 36, fourth round)",
+            "floor-locust-async-deps-2",
+            floor_locust_table,
+        ),
         ("Party B's HTTP path, layer by layer (issue 36)", "http_path", http_path_table),
+        (
+            "Party B's HTTP path, layer by layer, at efa9d4c: the route's dependencies in "
+            "worker threads (issue 36, fourth round)",
+            "http_path-efa9d4c",
+            http_path_table,
+        ),
         ("Quantizer, all libraries on one thread", "quantizer-1thread", quantizer_table),
         ("Quantizer, default threads", "quantizer", quantizer_table),
         ("Codec", "codec", codec_table),

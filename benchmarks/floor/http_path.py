@@ -13,6 +13,8 @@ Every layer is a server of its own (uvicorn in a child process, 127.0.0.1), answ
                 metrics, in-flight count, body limit, canonical paths)
     auth        the route's authentication and scope (``party_b.api.deps.allowed``: the
                 caller's token looked up in a real SQLite file)
+    route       the step route's dependencies as ``party_b.api.doors.both`` declares them:
+                ``allowed`` on the route, the endpoint taking ``AdmittedDep`` and ``ServiceDep``
     thread      the hop to a worker thread and back (``party_b.api.deps.in_thread``), where
                 the step's torch work runs
 
@@ -42,7 +44,7 @@ from party_b.ops.launch import free_port
 
 __all__ = ["BODY", "CONFIGS", "HEADERS", "LAYERS", "PATH", "build_app", "main"]
 
-LAYERS = ("asgi", "fastapi", "middleware", "auth", "thread")
+LAYERS = ("asgi", "fastapi", "middleware", "auth", "route", "thread")
 CONFIGS = (("asyncio", "h11"), ("uvloop", "httptools"))
 TOKEN = "http-path-benchmark-token-0123456789"
 BODY = bytes(range(256)) * 5 + bytes(220)  # 1,500 bytes, a small step request's size
@@ -59,7 +61,7 @@ def build_app(layer: str, database: Path) -> Any:
     from fastapi import FastAPI, Request, Response
 
     from party_b.access import Action
-    from party_b.api.deps import CallerLookup, allowed, in_thread
+    from party_b.api.deps import AdmittedDep, CallerLookup, ServiceDep, allowed, in_thread
     from party_b.api.lifecycle import Lifecycle
     from party_b.api.main import install_middleware
     from party_b.api.problems import install_problem_handlers
@@ -80,14 +82,24 @@ def build_app(layer: str, database: Path) -> Any:
         def same(body: bytes) -> bytes:
             return body
 
-        @app.post(PATH)
-        async def echo_as_caller(
-            request: Request, who: Annotated[Caller, allowed(Action.STEP)]
-        ) -> Response:
-            body = await request.body()
-            if layer == "thread":
-                body = await in_thread(request, same, body)
-            return Response(body, media_type="application/msgpack")
+        if layer == "auth":
+
+            @app.post(PATH)
+            async def echo_as_caller(
+                request: Request, who: Annotated[Caller, allowed(Action.STEP)]
+            ) -> Response:
+                return Response(await request.body(), media_type="application/msgpack")
+
+        else:  # the step route's own dependencies (party_b.api.routes.steps)
+
+            @app.post(PATH, dependencies=[allowed(Action.STEP)])
+            async def echo_as_step(
+                request: Request, who: AdmittedDep, service: ServiceDep
+            ) -> Response:
+                body = await request.body()
+                if layer == "thread":
+                    body = await in_thread(request, same, body)
+                return Response(body, media_type="application/msgpack")
 
         from party_b import auth
 
@@ -97,6 +109,7 @@ def build_app(layer: str, database: Path) -> Any:
         app.state.sessions = sessions
         app.state.callers = CallerLookup(sessions)
         app.state.limiter = anyio.CapacityLimiter(8)
+        app.state.service = None  # what ServiceDep hands the endpoint; the echo needs none
         install_problem_handlers(app)
     if layers >= LAYERS.index("middleware"):
         metrics = Metrics()
