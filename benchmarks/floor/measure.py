@@ -44,6 +44,7 @@ __all__ = [
     "commit_floor",
     "fixed_threads",
     "summary",
+    "thread_cpu",
 ]
 
 # (module, class or None, attribute, part): where the product's step is timed
@@ -221,6 +222,26 @@ def commit_floor(path: Path) -> Callable[[], None]:
         connection.commit()
 
     return commit
+
+
+def thread_cpu(pid: int) -> dict[str, float] | None:
+    """CPU seconds process ``pid``'s threads have run so far: its main thread's (uvicorn's
+    event loop, in ``fedlite-b serve``) as ``event_loop``, every other thread's (the worker
+    threads a step's work runs in) as ``workers``. From Linux's ``/proc/PID/task/*/schedstat``
+    (nanoseconds; the ``stat`` ticks are 10 ms, coarser than a block of steps); None where
+    there is no such file. A thread that ended between two readings takes its time with it,
+    which the product's long-lived workers do not."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not (tasks / str(pid) / "schedstat").exists():
+        return None
+    out = {"event_loop": 0.0, "workers": 0.0}
+    for task in tasks.iterdir():
+        try:
+            ns = int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended while the directory was read
+        out["event_loop" if task.name == str(pid) else "workers"] += ns / 1e9
+    return out
 
 
 def summary(seconds: list[float]) -> dict[str, float]:

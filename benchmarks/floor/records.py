@@ -6,7 +6,9 @@ the bare commit), ``product_ms`` = (d) (over HTTP), ``inprocess_ms`` = (c), ``ra
 (everything of ``Steps.step`` the other parts leave: order, digest, shapes, labels, lock,
 metrics), top step (forward, backward, optimizer), downlink encode, store commit, and
 framework (HTTP round trip minus party B's in-process step: the client, uvicorn, FastAPI,
-authentication, the thread hand-off). Party A's record: ``floor_ms`` = the bare step at its
+authentication, the thread hand-off); ``server_cpu_ms``: the CPU time ``fedlite-b serve``
+spent a step over HTTP, in its event loop's thread and in its worker threads (all steps of
+all HTTP blocks, ``measure.thread_cpu``). Party A's record: ``floor_ms`` = the bare step at its
 best thread count, ``product_ms`` = the product's step minus its round trip (in process;
 ``product_http_ms`` over HTTP), and its breakdown. Every time is a median over all steps (or
 calls) of every worker of that version; ``spread`` gives the quartiles.
@@ -48,7 +50,7 @@ def _party_b(task: str, s: dict[str, Any]) -> dict[str, Any]:
     breakdown = {p: _median_ms(per_part[p]) for p in b_parts}
     breakdown["checks"] = _median_ms(checks)
     breakdown["framework"] = d["median_ms"] - _median_ms(service)
-    return {
+    out = {
         "task": task,
         "party": "B",
         "floor_ms": floor,
@@ -63,6 +65,13 @@ def _party_b(task: str, s: dict[str, Any]) -> dict[str, Any]:
         "breakdown": {k: breakdown[k] for k in B_BREAKDOWN},
         "spread": {"bare_top": tops, "commit": commit, "inprocess": c, "http": d},
     }
+    cpu = s.get("http_cpu")  # (a worker of a checkout whose floor package did not read it)
+    if cpu:
+        steps = sum(b["steps"] for b in cpu)
+        out["server_cpu_ms"] = {
+            k: 1000 * sum(b[k] for b in cpu) / steps for k in ("event_loop", "workers")
+        }
+    return out
 
 
 def _party_a(task: str, s: dict[str, Any]) -> dict[str, Any]:

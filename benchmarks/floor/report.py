@@ -81,6 +81,7 @@ def floor_breakdown_table(doc: dict[str, Any]) -> list[str]:
     for r in doc["records"]:
         if r["party"] == "B":
             lines += _breakdown_rows(r, _B_PARTS)
+    lines += _server_cpu_rows(doc)
     lines += [
         "",
         "Party A (in process; loop = the step's time the other parts leave), ms a step:",
@@ -92,6 +93,33 @@ def floor_breakdown_table(doc: dict[str, Any]) -> list[str]:
         if r["party"] == "A":
             lines += _breakdown_rows(r, _A_PARTS)
     return lines
+
+
+def _server_cpu_rows(doc: dict[str, Any]) -> list[str]:
+    """Party B's CPU a step over HTTP, by thread, where the run measured it."""
+    rows = []
+    for r in doc["records"]:
+        for version, rec in (("after", r), ("before", r.get("before"))):
+            cpu = (rec or {}).get("server_cpu_ms")
+            if r["party"] != "B" or cpu is None:
+                continue
+            rows.append(
+                f"| {r['task']} | {version} | {format_ms(cpu['event_loop'])} "
+                f"| {format_ms(cpu['workers'])} | {format_ms(cpu['event_loop'] + cpu['workers'])} "
+                f"| {format_ms(rec['product_ms'])} |"
+            )
+    if not rows:
+        return []
+    return [
+        "",
+        "Party B's process over HTTP, CPU ms a step (from /proc: its event loop's thread, its "
+        "worker threads; all the CPU of the HTTP blocks over their steps, the requests party "
+        "A's loop makes at a block's start included), beside the round trip party A sees:",
+        "",
+        "| task | version | event loop | worker threads | CPU in all | round trip |",
+        "|---|---|---|---|---|---|",
+        *rows,
+    ]
 
 
 def _breakdown_rows(r: dict[str, Any], parts: list[str]) -> list[str]:

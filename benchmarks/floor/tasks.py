@@ -34,6 +34,7 @@ from party_b.service import Service
 __all__ = [
     "TASKS",
     "FloorTask",
+    "ServedPartyB",
     "Session",
     "StepTimes",
     "http_party_b",
@@ -105,10 +106,19 @@ def party_a_config(task: FloorTask, name: str) -> PartyAConfig:
     return load_config(task.config_file, overrides)
 
 
+@dataclass(frozen=True)
+class ServedPartyB:
+    """A ``fedlite-b serve`` process: where it answers, and its process id (whose threads'
+    CPU time ``measure.thread_cpu`` reads)."""
+
+    url: str
+    pid: int
+
+
 @contextmanager
-def http_party_b(task: str, workdir: Path) -> Iterator[str]:
+def http_party_b(task: str, workdir: Path) -> Iterator[ServedPartyB]:
     """``fedlite-b serve`` for ``task``'s labels on a free 127.0.0.1 port with the product's
-    defaults (threads, workers, SQLite in WAL mode); yields its URL."""
+    defaults (threads, workers, SQLite in WAL mode); yields its URL and process id."""
     port = free_port()
     env = {**os.environ, TASK_ENV: json.dumps({"task": task, "options": {}})}
     cmd = [
@@ -123,7 +133,7 @@ def http_party_b(task: str, workdir: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     with child_process(cmd, log_path, env=env, cwd=ROOT) as proc:
         wait_until_healthy(url, proc, log_path=log_path, timeout=180, poll_seconds=0.2)
-        yield url
+        yield ServedPartyB(url, proc.pid)
 
 
 @dataclass

@@ -34,9 +34,9 @@ def work(tasks: list[str], rounds: int, block: int, warmup: int) -> dict[str, An
         samples: dict[str, dict[str, Any]] = {}
         for name in tasks:
             task = TASKS[name]
-            url = stack.enter_context(http_party_b(name, work_dir))
+            served = stack.enter_context(http_party_b(name, work_dir))
             local, service = in_process_session(task, work_dir, parts.take)
-            remote = http_session(task, url, work_dir, parts.take)
+            remote = http_session(task, served.url, work_dir, parts.take)
             stack.callback(local.close)
             stack.callback(remote.close)
             for session in (local, remote):
@@ -49,6 +49,10 @@ def work(tasks: list[str], rounds: int, block: int, warmup: int) -> dict[str, An
                 s["bare_top"][str(n)], s["bare_bottom"][str(n)] = [], []
             samples[name] = s
             jobs[name] = _jobs(s, threads, block, top, bottom, commit, local, remote)
+            jobs[name] = [
+                (kind, _with_server_cpu(s, job, served.pid) if kind == "http" else job)
+                for kind, job in jobs[name]
+            ]
             for _kind, job in jobs[name]:
                 job(record=False)  # warm every path once
         for r in range(rounds):
@@ -59,6 +63,24 @@ def work(tasks: list[str], rounds: int, block: int, warmup: int) -> dict[str, An
     out["samples"] = samples
     out["loadavg_after"] = os.getloadavg()
     return out
+
+
+def _with_server_cpu(s: dict[str, Any], job: Any, pid: int) -> Any:
+    """``job`` (the HTTP block), also keeping what party B's process ``pid`` spent in CPU on
+    its steps: ``s["http_cpu"]`` gets the block's steps and its threads' CPU seconds."""
+
+    def timed_job(record: bool) -> None:
+        before = m.thread_cpu(pid)
+        steps = len(s.get("http", {}).get("round_trip", []))
+        job(record)
+        after = m.thread_cpu(pid)
+        if record and before is not None and after is not None:
+            # every step of the block, the untimed first one too (block + 1 in all)
+            done = len(s["http"]["round_trip"]) - steps + 1
+            spent = {k: after[k] - before[k] for k in after}
+            s.setdefault("http_cpu", []).append({"steps": done, **spent})
+
+    return timed_job
 
 
 def _jobs(
