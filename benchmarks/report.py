@@ -411,6 +411,18 @@ def render() -> str:
             floor_breakdown_table,
         ),
         (
+            "The per-step floor, dependencies on the event loop against efa9d4c, second run "
+            "(issue 36, fourth round)",
+            "floor-async-deps-cpu",
+            floor_table,
+        ),
+        (
+            "Where a step's time goes, dependencies on the event loop, second run, with party "
+            "B's CPU (issue 36, fourth round)",
+            "floor-async-deps-cpu",
+            floor_breakdown_table,
+        ),
+        (
             "Small steps under locust against f352584, dependencies on the event loop (issue "
             "36, fourth round)",
             "floor-locust-async-deps",
