@@ -65,7 +65,7 @@ def _party_b(task: str, s: dict[str, Any]) -> dict[str, Any]:
         "breakdown": {k: breakdown[k] for k in B_BREAKDOWN},
         "spread": {"bare_top": tops, "commit": commit, "inprocess": c, "http": d},
     }
-    cpu = s.get("http_cpu")  # (a worker of a checkout whose floor package did not read it)
+    cpu = s.get("http_cpu")  # (none where /proc has no schedstat: not Linux)
     if cpu:
         steps = sum(b["steps"] for b in cpu)
         out["server_cpu_ms"] = {
