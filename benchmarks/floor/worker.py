@@ -50,7 +50,7 @@ def work(tasks: list[str], rounds: int, block: int, warmup: int) -> dict[str, An
             samples[name] = s
             jobs[name] = _jobs(s, threads, block, top, bottom, commit, local, remote)
             jobs[name] = [
-                (kind, _with_server_cpu(s, job, served.pid) if kind == "http" else job)
+                (kind, _with_server_cpu(s, job, served.pid, block + 1) if kind == "http" else job)
                 for kind, job in jobs[name]
             ]
             for _kind, job in jobs[name]:
@@ -65,20 +65,18 @@ def work(tasks: list[str], rounds: int, block: int, warmup: int) -> dict[str, An
     return out
 
 
-def _with_server_cpu(s: dict[str, Any], job: Any, pid: int) -> Any:
-    """``job`` (the HTTP block), also keeping what party B's process ``pid`` spent in CPU on
-    its steps: ``s["http_cpu"]`` gets the block's steps and its threads' CPU seconds."""
+def _with_server_cpu(s: dict[str, Any], job: Any, pid: int, steps: int) -> Any:
+    """``job`` (the HTTP block of ``steps`` steps, its untimed first one included), also
+    keeping what party B's process ``pid`` spent in CPU on them: ``s["http_cpu"]`` gets the
+    block's steps and its threads' CPU seconds."""
 
     def timed_job(record: bool) -> None:
         before = m.thread_cpu(pid)
-        steps = len(s.get("http", {}).get("round_trip", []))
         job(record)
         after = m.thread_cpu(pid)
         if record and before is not None and after is not None:
-            # every step of the block, the untimed first one too (block + 1 in all)
-            done = len(s["http"]["round_trip"]) - steps + 1
             spent = {k: after[k] - before[k] for k in after}
-            s.setdefault("http_cpu", []).append({"steps": done, **spent})
+            s.setdefault("http_cpu", []).append({"steps": steps, **spent})
 
     return timed_job
 
